@@ -1,0 +1,228 @@
+"""What every sparse format shares: immutability, validation helpers, stats for the cost model.
+
+A format is a frozen dataclass of tensors. Construction always runs `_validate`, so an
+object that exists is a valid one; `from_dense` is the friendly way in.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+BLOCK_SIZES = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class FormatStats:
+    """What the cost model needs to know about a sparse matrix, independent of its format.
+
+    A format is a list of *units* (a row for CSR/N:M, a block-row for BSR, a group of V
+    rows for Shfl-BW/V:N:M), each holding some *items* (nonzeros, blocks, kept columns).
+    Work per program follows items per unit; load balance follows their spread.
+    """
+
+    rows: int
+    cols: int
+    nnz: int
+    density: float
+    unit_rows: int  # rows per unit
+    units: int
+    items_mean: float  # items per unit
+    items_cv: float  # coefficient of variation of items per unit
+    items_max: int
+    empty_units: int
+    item_cols: int  # columns one item spans (1 for a nonzero, bk for a block)
+
+
+def stats_from_counts(rows, cols, nnz, unit_rows, item_cols, counts: torch.Tensor) -> FormatStats:
+    counts = counts.to(torch.float64).cpu()
+    units = counts.numel()
+    mean = counts.mean().item() if units else 0.0
+    std = counts.std(unbiased=False).item() if units else 0.0
+    return FormatStats(
+        rows=rows,
+        cols=cols,
+        nnz=nnz,
+        density=nnz / max(1, rows * cols),
+        unit_rows=unit_rows,
+        units=units,
+        items_mean=mean,
+        items_cv=std / mean if mean > 0 else 0.0,
+        items_max=int(counts.max().item()) if units else 0,
+        empty_units=int((counts == 0).sum().item()),
+        item_cols=item_cols,
+    )
+
+
+def index_dtype(extent: int) -> torch.dtype:
+    """Narrowest signed type that holds indices in [0, extent): int16 halves index traffic."""
+    return torch.int16 if extent < 2**15 else torch.int32
+
+
+def pointers_from_counts(counts: torch.Tensor) -> torch.Tensor:
+    """Row pointers (length units + 1, int32) from items per unit."""
+    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(counts, 0, out=ptr[1:])
+    if ptr[-1].item() >= 2**31:
+        raise ValueError(f"too many stored entries for int32 pointers: {ptr[-1].item()}")
+    return ptr.to(torch.int32)
+
+
+def check_dense_weight(w, name: str = "w") -> None:
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if w.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (rows, cols), got shape {tuple(w.shape)}")
+    if w.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating tensor ({', '.join(map(str, FLOAT_DTYPES))}), got {w.dtype}")
+    if w.is_sparse or w.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {w.layout}")
+
+
+def check_block_size(name: str, size, allowed=BLOCK_SIZES) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {size!r}")
+    return size
+
+
+def check_tensor(name, t, *, dtypes, dim, device=None, shape=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the values are on {device}: all tensors must share a device")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_range(name: str, t: torch.Tensor, lo: int, hi: int) -> None:
+    """All entries in [lo, hi)."""
+    if t.numel() == 0:
+        return
+    mn, mx = t.min().item(), t.max().item()
+    if mn < lo or mx >= hi:
+        raise ValueError(f"{name} must lie in [{lo}, {hi}), found values in [{mn}, {mx}]")
+
+
+def check_pointers(name: str, ptr: torch.Tensor, units: int, total: int) -> None:
+    check_tensor(name, ptr, dtypes=(torch.int32,), dim=1, shape=(units + 1,))
+    if ptr[0].item() != 0 or ptr[-1].item() != total:
+        raise ValueError(f"{name} must start at 0 and end at {total}, got {ptr[0].item()} .. {ptr[-1].item()}")
+    if units and bool((ptr[1:] < ptr[:-1]).any()):
+        bad = int(torch.nonzero(ptr[1:] < ptr[:-1])[0].item())
+        raise ValueError(f"{name} must be non-decreasing; it decreases after unit {bad}")
+
+
+def check_shape(shape) -> tuple[int, int]:
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+    ):
+        raise ValueError(f"shape must be a tuple of two non-negative ints, got {shape!r}")
+    return shape
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class SparseFormat:
+    """Mixin for the frozen dataclasses in this package.
+
+    Subclasses define `values` (the stored values, any shape), `_validate()`,
+    `_scatter(values) -> dense (rows, cols)` and `stats()`.
+    """
+
+    shape: tuple[int, int]
+    values: torch.Tensor
+
+    def __post_init__(self):
+        check_shape(self.shape)
+        if not isinstance(self.values, torch.Tensor) or self.values.dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"values must be a floating torch.Tensor, got "
+                f"{getattr(self.values, 'dtype', type(self.values).__name__)}"
+            )
+        if not self.values.is_contiguous():
+            raise ValueError("values must be contiguous")
+        self._validate()
+
+    # --- what every format answers -------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def nnz(self) -> int:
+        """Stored entries inside the matrix (explicit zeros of the pattern included)."""
+        return self.stats().nnz
+
+    @property
+    def density(self) -> float:
+        return self.stats().density
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    def to(self, device) -> "SparseFormat":
+        device = torch.device(device)
+        return dataclasses.replace(self, **{k: t.to(device) for k, t in self._tensors().items()})
+
+    def to_dense(self) -> torch.Tensor:
+        return self._scatter(self.values)
+
+    def mask(self) -> torch.Tensor:
+        """Boolean (rows, cols): where the pattern stores an entry (explicit zeros included)."""
+        return self._scatter(torch.ones_like(self.values)).to(torch.bool)
+
+    def with_values(self, values: torch.Tensor) -> "SparseFormat":
+        """Same pattern, new values (the result of an SDDMM, a cast, ...)."""
+        if tuple(values.shape) != tuple(self.values.shape):
+            raise ValueError(f"values must have shape {tuple(self.values.shape)}, got {tuple(values.shape)}")
+        return dataclasses.replace(self, values=values.contiguous())
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}, device={self.device}, "
+            f"nnz={s.nnz}, density={s.density:.4f})"
+        )
+
+    # memoised per instance: frozen objects never change, and the cost model asks often
+    def stats(self) -> FormatStats:
+        cached = self.__dict__.get("_stats")
+        if cached is None:
+            cached = self._compute_stats()
+            object.__setattr__(self, "_stats", cached)
+        return cached
+
+
+__all__ = [
+    "FormatStats",
+    "SparseFormat",
+    "ceil_div",
+    "check_block_size",
+    "check_dense_weight",
+    "check_pointers",
+    "check_range",
+    "check_tensor",
+    "index_dtype",
+    "pointers_from_counts",
+    "stats_from_counts",
+]

@@ -1,0 +1,37 @@
+"""Ground truth: every op in plain dense torch, float64 inside. Kernel tests compare with these."""
+from __future__ import annotations
+
+import torch
+
+from .epilogue import apply_epilogue
+from .formats import SparseFormat
+
+
+def spmm(A: SparseFormat, X: torch.Tensor) -> torch.Tensor:
+    """A @ X, float64."""
+    return A.to_dense().double() @ X.double()
+
+
+def linear(x, A: SparseFormat, bias=None, activation=None, residual=None, scale: float = 1.0) -> torch.Tensor:
+    """act(scale * x @ A^T + bias) + residual for x of shape (..., K), float64."""
+    acc = x.double() @ A.to_dense().double().T
+    return apply_epilogue(
+        acc,
+        None if bias is None else bias.double(),
+        activation,
+        None if residual is None else residual.double(),
+        scale,
+    )
+
+
+def sddmm(a: torch.Tensor, b: torch.Tensor, pattern: SparseFormat, scale: float = 1.0) -> torch.Tensor:
+    """scale * (a @ b^T) where `pattern` stores an entry, 0 elsewhere; dense float64 (M, N)."""
+    return (a.double() @ b.double().T) * scale * pattern.mask().to(a.device)
+
+
+def sparse_softmax(A: SparseFormat, scale: float = 1.0) -> torch.Tensor:
+    """Row-wise softmax over the stored entries of A (0 elsewhere; an empty row stays 0)."""
+    mask = A.mask()
+    logits = (A.to_dense().double() * scale).masked_fill(~mask, float("-inf"))
+    out = torch.softmax(logits, dim=1)
+    return torch.nan_to_num(out, nan=0.0).masked_fill(~mask, 0.0)

@@ -1,0 +1,102 @@
+"""Magnitude pruning into each pattern."""
+import pytest
+import torch
+
+import spartune as st
+from spartune.prune import shuffle_rows
+
+
+def low_rank_plus_noise(rows, cols, rank=8, noise=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, rank, generator=g) @ torch.randn(rank, cols, generator=g) / rank**0.5 + noise * torch.randn(rows, cols, generator=g)
+
+
+@pytest.mark.parametrize("pattern, sparsity, fmt_type", [
+    ("csr", 0.9, st.CSR),
+    ("block:32", 0.8, st.BlockSparse),
+    ("block:16x64", 0.5, st.BlockSparse),
+    ("shfl:32", 0.9, st.ShuffledBlock),
+    ("2:4", None, st.NM),
+    ("1:4", 0.75, st.NM),
+    ("32:2:8", None, st.VNM),
+])
+def test_pruning_hits_the_sparsity_and_keeps_values(pattern, sparsity, fmt_type):
+    w = torch.randn(100, 200)
+    before = w.clone()
+    fmt, report = st.sparsify_weight(w, pattern, sparsity, return_report=True)
+    assert isinstance(fmt, fmt_type)
+    assert torch.equal(w, before), "the user's weight must not change"
+    dense = fmt.to_dense()
+    kept = dense != 0
+    assert torch.equal(dense[kept], w[kept]), "kept entries keep their value"
+    target = sparsity if sparsity is not None else 1 - st.parse_pattern(pattern).fixed_density
+    assert report.sparsity == pytest.approx(target, abs=0.03)
+    assert report.retained == pytest.approx((dense.double().norm() / w.double().norm()).item())
+
+
+def test_csr_keeps_the_largest_entries():
+    w = torch.randn(64, 64)
+    dense = st.sparsify_weight(w, "csr", 0.7).to_dense()
+    kept = dense != 0
+    assert w[kept].abs().min() >= w[~kept].abs().max()
+
+
+def test_nm_keeps_the_largest_in_each_group():
+    w = torch.randn(8, 16)
+    dense = st.sparsify_weight(w, "2:4").to_dense().reshape(8, 4, 4)
+    mag = w.abs().reshape(8, 4, 4)
+    kept = dense != 0
+    assert bool((mag.masked_fill(~kept, float("inf")).amin(2) >= mag.masked_fill(kept, -1).amax(2)).all())
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(512, 768), lambda: low_rank_plus_noise(512, 768)])
+@pytest.mark.parametrize("v, sparsity", [(32, 0.9), (64, 0.9), (64, 0.75)])
+def test_shuffled_keeps_more_magnitude_than_block(make, v, sparsity):
+    w = make()
+    _, shfl = st.sparsify_weight(w, f"shfl:{v}", sparsity, return_report=True)
+    _, block = st.sparsify_weight(w, f"block:{v}x16", sparsity, return_report=True)
+    assert shfl.retained > block.retained
+    assert abs(shfl.sparsity - block.sparsity) < 0.01
+
+
+def test_shuffling_beats_unshuffled_groups_on_structured_weights():
+    # rows come in 8 interleaved families that share their important columns
+    g = torch.Generator().manual_seed(1)
+    families = (torch.rand(8, 512, generator=g) < 0.15).float() * 4 + 1
+    w = torch.randn(256, 512, generator=g) * families[torch.arange(256) % 8]
+    perm = shuffle_rows(w, 32, 0.15)
+    assert sorted(perm.tolist()) == list(range(256))
+
+    def kept(order):
+        sq = (w[order] ** 2).reshape(8, 32, 512).sum(1).flatten()
+        return torch.topk(sq, int(0.15 * sq.numel())).values.sum() / (w**2).sum()
+
+    assert kept(perm) > kept(torch.arange(256)) * 1.2
+
+
+@pytest.mark.parametrize("pattern, sparsity, match", [
+    ("foo", 0.5, "unknown pattern"),
+    ("block:48", 0.5, "must be one of"),
+    ("shfl:24", 0.5, "must be one of"),
+    ("4:2", None, "N:M needs"),
+    ("64:3:8", None, "N must be 2"),
+    ("csr", None, "needs a sparsity"),
+    ("csr", 1.5, "in \\[0, 1\\]"),
+    ("2:4", 0.9, "fixes the sparsity"),
+    ("64:2:2", None, "M in 4..128"),
+])
+def test_bad_patterns(pattern, sparsity, match):
+    with pytest.raises(ValueError, match=match):
+        st.sparsify_weight(torch.randn(64, 64), pattern, sparsity)
+
+
+def test_pattern_must_be_a_string():
+    with pytest.raises(TypeError):
+        st.sparsify_weight(torch.randn(4, 4), 64, 0.5)
+
+
+def test_extreme_sparsities():
+    w = torch.randn(40, 50)
+    assert st.sparsify_weight(w, "csr", 1.0).nnz == 0
+    assert torch.equal(st.sparsify_weight(w, "shfl:16", 0.0).to_dense(), w)
+    assert st.sparsify_weight(w, "block:16", 1.0).nnz == 0
