@@ -156,6 +156,8 @@ class SparseFormat:
         self._validate()
 
     # --- what every format answers -------------------------------------------------------
+    signature: str  # the pattern string it holds ("csr", "block:64x64", ...): part of tuning keys
+
     @property
     def dtype(self) -> torch.dtype:
         return self.values.dtype

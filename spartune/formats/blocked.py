@@ -63,6 +63,10 @@ class BlockSparse(SparseFormat):
         )
 
     @property
+    def signature(self) -> str:
+        return f"block:{self.block[0]}x{self.block[1]}"
+
+    @property
     def block_rows(self) -> int:
         return ceil_div(self.shape[0], self.block[0])
 

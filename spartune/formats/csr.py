@@ -49,6 +49,10 @@ class CSR(SparseFormat):
             row_order=torch.argsort(counts, descending=True, stable=True).to(torch.int32),
         )
 
+    @property
+    def signature(self) -> str:
+        return "csr"
+
     def _validate(self) -> None:
         rows, cols = self.shape
         dev = self.values.device

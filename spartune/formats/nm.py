@@ -80,6 +80,10 @@ class NM(SparseFormat):
         )
 
     @property
+    def signature(self) -> str:
+        return f"{self.n}:{self.m}"
+
+    @property
     def groups(self) -> int:
         return ceil_div(self.shape[1], self.m)
 
@@ -164,6 +168,10 @@ class VNM(SparseFormat):
             values=torch.gather(gathered, 3, idx).reshape(rb * v, cb * 2).contiguous(),
             idx=idx.reshape(rb * v, cb * 2).to(torch.uint8).contiguous(),
         )
+
+    @property
+    def signature(self) -> str:
+        return f"{self.v}:2:{self.m}"
 
     @property
     def row_blocks(self) -> int:

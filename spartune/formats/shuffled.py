@@ -66,6 +66,10 @@ class ShuffledBlock(SparseFormat):
         )
 
     @property
+    def signature(self) -> str:
+        return f"shfl:{self.v}"
+
+    @property
     def groups(self) -> int:
         return ceil_div(self.shape[0], self.v)
 

@@ -1,0 +1,40 @@
+"""The fused epilogue in Triton, shared by every kernel family: act(scale * acc + bias) + residual.
+
+The activation codes follow ACTIVATION_CODES; each switch is a constexpr, so a kernel without
+bias or residual compiles without their loads.
+"""
+import triton
+import triton.language as tl
+
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+@triton.jit
+def activation(x, ACT: tl.constexpr):
+    if ACT == 1:
+        x = tl.maximum(x, 0.0)
+    elif ACT == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACT == 3:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = x * tl.sigmoid(2.0 * inner)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
+    elif ACT == 4:
+        x = x * tl.sigmoid(x)
+    return x
+
+
+@triton.jit
+def epilogue(acc, feat, feat_mask, res_off, mask, scale, bias_ptr, res_ptr,
+             HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr):
+    """act(scale * acc + bias[feat]) + residual[res_off], in fp32, for a tile of any orientation.
+
+    `feat` indexes output features, shaped to broadcast against acc ((1, B) or (B, 1));
+    `res_off` and `mask` are full 2-D offsets into the residual and the valid elements.
+    """
+    acc = acc * scale
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + feat, mask=feat_mask, other=0.0).to(tl.float32)
+    acc = activation(acc, ACT)
+    if HAS_RES:
+        acc = acc + tl.load(res_ptr + res_off, mask=mask, other=0.0).to(tl.float32)
+    return acc

@@ -1,0 +1,179 @@
+"""Tensor-core SpMM for BlockSparse and ShuffledBlock (Shfl-BW) weights, fused epilogue.
+
+out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual, in PyTorch's linear layout.
+A program owns one *unit* (a block-row of bm rows, or a Shfl-BW group of V rows) and a strip
+of BN tokens; it walks the unit's stored blocks (or chunks of BK kept columns), multiplying
+the dense (BM, BK) tile of A with the gathered (BK, BN) slice of x^T on the tensor cores.
+Shfl-BW's row permutation is applied by the store: row r of group g lands at perm[g*V + r].
+spmm(A, X) is the same kernel on strided views (x = X.T, out = Y.T): nothing is copied.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import BlockSparse, ShuffledBlock
+from ..tune.problem import KernelFeatures, Problem
+from ._epilogue import ACTIVATION_CODES, epilogue
+
+
+@triton.jit
+def _blocked_spmm_kernel(
+    x_ptr, a_ptr, crow_ptr, col_ptr, perm_ptr, out_ptr, bias_ptr, res_ptr,
+    M, K, N, n_units, stride_xn, stride_xk, stride_on, stride_om, stride_rn, stride_rm, stride_a, scale,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+    SHUFFLED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+):
+    # Program order: GROUP units sweep all token strips together, so their A tiles and the
+    # strips of x they share stay in L2.
+    pid = tl.program_id(0)
+    n_strips = tl.cdiv(N, BN)
+    per_group = GROUP * n_strips
+    first = (pid // per_group) * GROUP
+    size = tl.minimum(n_units - first, GROUP)
+    unit = first + (pid % per_group) % size
+    strip = (pid % per_group) // size
+
+    offs_m = tl.arange(0, BM)
+    offs_k = tl.arange(0, BK)
+    offs_n = strip * BN + tl.arange(0, BN)
+    n_ok = offs_n < N
+    x_strip = x_ptr + offs_n[None, :] * stride_xn
+    start = tl.load(crow_ptr + unit)
+    end = tl.load(crow_ptr + unit + 1)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SHUFFLED:
+        # chunks of BK kept columns: a dense (BM, BK) slice of the group's tile, x rows gathered
+        for j in range(start, end, BK):
+            kj = j + offs_k
+            k_ok = kj < end
+            cols = tl.load(col_ptr + kj, mask=k_ok, other=0).to(tl.int64)
+            a = tl.load(a_ptr + offs_m[:, None] * stride_a + kj[None, :], mask=k_ok[None, :], other=0.0)
+            xt = tl.load(x_strip + cols[:, None] * stride_xk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, xt, acc)
+    else:
+        a_tile = a_ptr + start.to(tl.int64) * (BM * BK) + offs_m[:, None] * BK + offs_k[None, :]
+        for p in range(start, end):
+            kk = tl.load(col_ptr + p).to(tl.int64) * BK + offs_k
+            a = tl.load(a_tile)
+            a_tile += BM * BK
+            x_addr = x_strip + kk[:, None] * stride_xk
+            if EVEN_K and EVEN_N:
+                xt = tl.load(x_addr)
+            else:
+                xt = tl.load(x_addr, mask=(kk[:, None] < K) & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, xt, acc)
+
+    slot = unit * BM + offs_m
+    m_ok = slot < M
+    feat = tl.load(perm_ptr + slot, mask=m_ok, other=0) if SHUFFLED else slot
+    feat = feat.to(tl.int64)
+    mask = m_ok[:, None] & n_ok[None, :]
+    y = epilogue(acc, feat[:, None], m_ok[:, None], offs_n[None, :] * stride_rn + feat[:, None] * stride_rm, mask,
+                 scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
+    tl.store(out_ptr + offs_n[None, :] * stride_on + feat[:, None] * stride_om, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class Config:
+    bn: int  # tokens per program
+    bk: int  # K per step: the block width (BSR) or a chunk of kept columns (Shfl-BW)
+    num_warps: int
+    num_stages: int
+    group: int = 8  # units that sweep the token strips together
+
+
+SMEM_BYTES = 227 * 1024
+
+
+def _unit_shape(problem: Problem) -> tuple[int, int | None]:
+    """(rows per unit, fixed K step or None) from the format signature."""
+    kind, _, rest = problem.fmt.partition(":")
+    if kind == "block":
+        bm, bk = rest.split("x")
+        return int(bm), int(bk)
+    if kind == "shfl":
+        return int(rest), None
+    raise ValueError(f"spmm_blocked does not handle format {problem.fmt!r}")
+
+
+def space(problem: Problem) -> list[Config]:
+    bm, fixed_bk = _unit_shape(problem)
+    elt = 4 if problem.dtype == "float32" else 2
+    n_cap = max(16, triton.next_power_of_2(problem.n))
+    out = []
+    for bk in (fixed_bk,) if fixed_bk else (32, 64):
+        for bn in (16, 32, 64, 128, 256):
+            if bn > n_cap or bm * bn > 128 * 256:
+                continue
+            for num_warps in (4, 8):
+                if bm * bn // (num_warps * 32) > 256:  # accumulator registers per thread
+                    continue
+                for num_stages in (2, 3, 4, 5):
+                    if num_stages * (bm * bk + bk * bn) * elt > SMEM_BYTES:
+                        continue
+                    for group in (1, 8):
+                        out.append(Config(bn, bk, num_warps, num_stages, group))
+    return out
+
+
+def features(problem: Problem, config: Config) -> KernelFeatures:
+    bm, _ = _unit_shape(problem)
+    s = problem.stats
+    elt = 4 if problem.dtype == "float32" else 2
+    strips = triton.cdiv(problem.n, config.bn)
+    tiles = s.units * strips
+    # K steps per unit: blocks (BSR) or chunks of BK kept columns (Shfl-BW)
+    per_step = config.bk // s.item_cols
+    steps_mean = s.items_mean / per_step
+    steps_max = triton.cdiv(s.items_max, per_step)
+    steps_total = steps_mean * tiles
+    k_eff = steps_total * config.bk / max(tiles, 1)  # K walked per tile
+    a_bytes = s.units * s.items_mean * s.item_cols * bm * elt
+    x_bytes = problem.n * problem.k * elt
+    y_bytes = problem.n * problem.m * elt
+    return KernelFeatures(
+        programs=tiles,
+        tiles=tiles,
+        mma_flops=2.0 * tiles * bm * config.bn * k_eff,
+        fma_flops=0.0,
+        dram_bytes=a_bytes + x_bytes + y_bytes + (s.units * s.items_mean) * 4,
+        l2_bytes=steps_total * (bm * config.bk + config.bk * config.bn) * elt + y_bytes,
+        steps_max=steps_max,
+        steps_mean=steps_mean,
+        smem_bytes=config.num_stages * (bm * config.bk + config.bk * config.bn) * elt,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None, scale=1.0):
+    """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
+    M, K = A.shape
+    N = x.shape[0]
+    if isinstance(A, ShuffledBlock):
+        bm, bk, shuffled, perm, stride_a = A.v, config.bk, True, A.perm, A.values.stride(0)
+    elif isinstance(A, BlockSparse):
+        (bm, bk), shuffled, perm, stride_a = A.block, False, A.crow, 0
+    else:
+        raise TypeError(f"spmm_blocked takes BlockSparse or ShuffledBlock, got {type(A).__name__}")
+    n_units = len(A.crow) - 1
+    res = residual if residual is not None else out
+    grid = (n_units * triton.cdiv(N, config.bn),)
+    if grid[0] == 0:
+        return out
+    _blocked_spmm_kernel[grid](
+        x, A.values, A.crow, A.col, perm, out,
+        bias if bias is not None else out, res,
+        M, K, N, n_units, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
+        stride_a, float(scale),
+        BM=bm, BN=config.bn, BK=bk, GROUP=config.group,
+        SHUFFLED=shuffled, EVEN_K=K % bk == 0, EVEN_N=N % config.bn == 0,
+        HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out

@@ -1,0 +1,81 @@
+"""What the tuner knows about a call: the Problem (its key in the DB) and the features a kernel
+family declares for the cost model. Kernels import this; they never import the tuner."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..formats import FormatStats
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What is fused after the product: y = act(scale * acc + bias) + residual, cast to out_dtype."""
+
+    bias: bool = False
+    activation: str | None = None
+    residual: bool = False
+    scale: bool = False  # a scale other than 1
+
+    def signature(self) -> str:
+        parts = [p for p, on in (("bias", self.bias), (self.activation, bool(self.activation)), ("res", self.residual), ("scale", self.scale)) if on]
+        return "+".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One sparse op on one shape. `n` is the dense dimension: tokens for `linear`, columns of
+    X for `spmm`, the head dim for `sddmm`."""
+
+    op: str  # "linear" | "spmm" | "sddmm" | "softmax"
+    fmt: str  # format signature: "csr", "block:64x64", "shfl:64", "2:4", "64:2:8"
+    m: int
+    k: int
+    n: int
+    dtype: str  # "float16" | "bfloat16" | "float32"
+    stats: FormatStats
+    epilogue: Epilogue = Epilogue()
+    device: str = ""  # device name + capability; filled in by the dispatch point
+
+    def key(self) -> tuple:
+        """The DB key: shapes exact except N (bucketed), sparsity statistics bucketed."""
+        return (
+            self.op,
+            self.fmt,
+            self.m,
+            self.k,
+            n_bucket(self.n),
+            self.dtype,
+            self.epilogue.signature(),
+            round(self.stats.density, 2),
+            round(min(self.stats.items_cv, 4.0), 1),
+            self.device,
+        )
+
+
+def n_bucket(n: int) -> int:
+    """N rounded up to a power of two (exact up to 16: decode sizes matter one by one)."""
+    return n if n <= 16 else 1 << math.ceil(math.log2(n))
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    """What one (kernel family, config) does on one problem: all the cost model reads.
+
+    Totals are over the whole launch; `steps_*` count a program's main-loop trips (a step
+    is one tile of K loaded and multiplied), which sets pipeline fill and load imbalance.
+    """
+
+    programs: int  # programs launched (persistent kernels: their fixed count)
+    tiles: int  # output tiles (work items); equals programs for one-tile-per-program grids
+    mma_flops: float  # tensor-core flops issued, padding and stored zeros included
+    fma_flops: float  # CUDA-core flops
+    dram_bytes: float  # bytes that must come from DRAM at least once (values, indices, X, Y)
+    l2_bytes: float  # bytes read through L2 including re-reads (X reloaded by every tile)
+    steps_max: int  # main-loop trips of the longest tile
+    steps_mean: float  # mean main-loop trips per tile
+    smem_bytes: int  # shared memory per program (stages x tiles)
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # partial results reduced through memory
+    launches: int = 1  # kernels per call
