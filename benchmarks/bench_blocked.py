@@ -81,7 +81,12 @@ def problem_of(fmt, A, N):
 
 def run_case(name, fmt, M, K, N, density, rates, gen, max_configs, quick):
     w, A = make_format(fmt, M, K, density, gen)
-    x = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=gen)
+    if fmt.startswith("shfl"):
+        # Shfl-BW gathers rows of X: measured in the spmm layout (X (K, N), read in place
+        # through the strided view x = X.T); the linear layout gathers single elements.
+        x = torch.randn(K, N, device="cuda", dtype=torch.float16, generator=gen).T
+    else:
+        x = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=gen)
     out = torch.empty(N, M, device="cuda", dtype=torch.float16)
     graph = N <= 64
     ref = F.linear(x, w)

@@ -17,6 +17,8 @@ import triton.language as tl
 
 from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import KernelFeatures, Problem
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from ._epilogue import ACTIVATION_CODES, epilogue
 
 
@@ -78,6 +80,42 @@ def _blocked_spmm_kernel(
     tl.store(out_ptr + offs_n[None, :] * stride_on + feat[:, None] * stride_om, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _blocked_spmm_tma_kernel(
+    x_desc, a_desc, out_desc, crow_ptr, col_ptr, bias_ptr, res_ptr,
+    M, N, n_units, stride_rn, stride_rm, scale,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+):
+    """BSR only, x and out K-/M-contiguous: tiles move by the tensor memory accelerator
+    (TMA), which also zero-fills and clips the edges, so the loop carries no masks."""
+    pid = tl.program_id(0)
+    n_strips = tl.cdiv(N, BN)
+    per_group = GROUP * n_strips
+    first = (pid // per_group) * GROUP
+    size = tl.minimum(n_units - first, GROUP)
+    unit = first + (pid % per_group) % size
+    strip = (pid % per_group) // size
+    n0 = strip * BN
+
+    start = tl.load(crow_ptr + unit)
+    end = tl.load(crow_ptr + unit + 1)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for p in range(start, end):
+        c = tl.load(col_ptr + p)
+        a = a_desc.load([p * BM, 0])
+        xt = x_desc.load([n0, c * BK])
+        acc = tl.dot(a, xt.T, acc)
+
+    feat = unit * BM + tl.arange(0, BM)
+    offs_n = n0 + tl.arange(0, BN)
+    m_ok = feat < M
+    mask = m_ok[:, None] & (offs_n < N)[None, :]
+    y = epilogue(acc, feat[:, None], m_ok[:, None], offs_n[None, :] * stride_rn + feat[:, None] * stride_rm, mask,
+                 scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
+    out_desc.store([n0, unit * BM], y.to(out_desc.dtype).T)
+
+
 @dataclass(frozen=True)
 class Config:
     bn: int  # tokens per program
@@ -85,6 +123,7 @@ class Config:
     num_warps: int
     num_stages: int
     group: int = 8  # units that sweep the token strips together
+    tma: bool = False  # BSR: move tiles by TMA (when x and out are row-contiguous and aligned)
 
 
 SMEM_BYTES = 227 * 1024
@@ -117,7 +156,8 @@ def space(problem: Problem) -> list[Config]:
                     if num_stages * (bm * bk + bk * bn) * elt > SMEM_BYTES:
                         continue
                     for group in (1, 8):
-                        out.append(Config(bn, bk, num_warps, num_stages, group))
+                        for tma in (False, True) if fixed_bk else (False,):
+                            out.append(Config(bn, bk, num_warps, num_stages, group, tma))
     return out
 
 
@@ -166,6 +206,18 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     grid = (n_units * triton.cdiv(N, config.bn),)
     if grid[0] == 0:
         return out
+    if config.tma and not shuffled and _tma_ready(x) and _tma_ready(out):
+        _blocked_spmm_tma_kernel[grid](
+            TensorDescriptor.from_tensor(x, [config.bn, bk]),
+            TensorDescriptor(A.values, [A.values.shape[0] * bm, bk], [bk, 1], [bm, bk]),
+            TensorDescriptor.from_tensor(out, [config.bn, bm]),
+            A.crow, A.col, bias if bias is not None else out, res,
+            M, N, n_units, res.stride(0), res.stride(1), float(scale),
+            BM=bm, BN=config.bn, BK=bk, GROUP=config.group,
+            HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        return out
     _blocked_spmm_kernel[grid](
         x, A.values, A.crow, A.col, perm, out,
         bias if bias is not None else out, res,
@@ -177,3 +229,14 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """TMA needs a unit last stride, 16-byte aligned rows and base."""
+    return (
+        t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and t.shape[0] > 0
+        and t.shape[1] > 0
+    )
