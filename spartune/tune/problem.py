@@ -79,3 +79,5 @@ class KernelFeatures:
     num_stages: int
     split_k: int = 1  # partial results reduced through memory
     launches: int = 1  # kernels per call
+    reduce_bytes: float = 0.0  # split-K: partial results written and read back to combine them
+    regs_per_thread: int = 0  # 0 = unknown: registers are then not an occupancy limit

@@ -1,0 +1,384 @@
+"""The cost model: seconds for one (kernel, config) on one problem, from its KernelFeatures and
+a DeviceSpec. Pure Python, so ranking a whole config space costs microseconds per config.
+
+Its job is ranking (the measured best must be among the top few), not exact times. It models:
+occupancy (programs per SM, from shared memory, warps and registers), wave quantisation over
+the SMs, a pipelined main loop per program (num_stages - 1 loads in flight, so a memory
+latency is paid once per tile and again per step when the loop is latency-bound), throughput
+per step from the SM's share of the tensor-core / CUDA-core / L2 rates, compulsory DRAM
+traffic as a budget of the whole launch, load imbalance (the longest tile bounds a short
+launch), the split-K reduction and launch overhead.
+
+`calibrate()` measures the rates on a CUDA device; `DeviceSpec.h100()` holds the numbers
+measured on the project's H100 (shared/PERF-NOTES.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import warnings
+from dataclasses import dataclass
+
+from .problem import KernelFeatures, Problem
+
+_MATRIX_FIELD = {"float16": "mma_fp16", "bfloat16": "mma_bf16", "float32": "mma_tf32"}
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def _dtype_name(dtype) -> str:
+    """'float16' from 'float16', 'torch.float16' or torch.float16."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in _MATRIX_FIELD:
+        raise ValueError(f"dtype must be one of {sorted(_MATRIX_FIELD)}, got {dtype!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the model knows about a GPU: its resources (read from the device) and its rates
+    (measured by `calibrate`, never datasheet numbers). Rates in flop/s and bytes/s."""
+
+    name: str
+    sms: int
+    smem_per_sm: int  # bytes of shared memory per SM
+    smem_per_program: int  # the most one program may allocate (opt-in limit)
+    l2_bytes: int
+    regs_per_sm: int
+    mma_fp16: float  # dense matrix rate, fp16 operands (large cuBLAS GEMM)
+    mma_bf16: float
+    mma_tf32: float  # fp32 operands on the tensor cores (Triton's default for a float32 dot)
+    fma: float  # fp32 FMA rate on the CUDA cores, counting 2 flops per FMA
+    dram_bw: float  # device-to-device copy, bytes read + written per second
+    l2_bw: float  # reads from an L2-resident buffer, all SMs together
+    launch_s: float  # GPU time of an empty launch, back to back
+    graph_launch_s: float  # the same inside a CUDA graph
+    mem_latency_s: float = 0.8e-6  # a load's latency under load (not calibrated: a model constant)
+    max_warps_per_sm: int = 64
+    max_programs_per_sm: int = 32
+    smem_reserved: int = 1024  # per program, taken by the runtime (Hopper)
+
+    @classmethod
+    def h100(cls) -> "DeviceSpec":
+        """The H100 80GB HBM3 of the project, measured 2026-11-22 (shared/PERF-NOTES.md).
+        bf16 is taken equal to fp16 and tf32 as half of it (the hardware's ratios)."""
+        return cls(
+            name="NVIDIA H100 80GB HBM3 sm_90",
+            sms=132,
+            smem_per_sm=228 * 1024,
+            smem_per_program=227 * 1024,
+            l2_bytes=50 * 1024 * 1024,
+            regs_per_sm=65536,
+            mma_fp16=750e12,
+            mma_bf16=750e12,
+            mma_tf32=375e12,
+            fma=39e12,
+            dram_bw=3.0e12,
+            l2_bw=8.0e12,
+            launch_s=3.5e-6,
+            graph_launch_s=0.8e-6,
+        )
+
+    def matrix_rate(self, dtype) -> float:
+        return getattr(self, _MATRIX_FIELD[_dtype_name(dtype)])
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceSpec":
+        """Unknown keys are dropped and missing optional ones defaulted, so specs stored by an
+        older or newer spartune still load."""
+        data = json.loads(text)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+H100 = DeviceSpec.h100()
+
+
+# --- occupancy -------------------------------------------------------------------------------
+
+def programs_per_sm(f: KernelFeatures, device: DeviceSpec) -> int:
+    """Programs resident on one SM at once; 0 when one program does not fit at all."""
+    if f.smem_bytes > device.smem_per_program or f.num_warps * 32 * f.regs_per_thread > device.regs_per_sm:
+        return 0
+    limits = [device.max_programs_per_sm, device.max_warps_per_sm // max(1, f.num_warps)]
+    if f.smem_bytes > 0:
+        limits.append(device.smem_per_sm // (f.smem_bytes + device.smem_reserved))
+    if f.regs_per_thread > 0:
+        limits.append(device.regs_per_sm // (f.num_warps * 32 * f.regs_per_thread))
+    return max(0, min(limits))
+
+
+# --- the model -------------------------------------------------------------------------------
+
+def _loop_time(steps: float, step_s: float, stages: int, latency: float) -> float:
+    """One program's main loop: `steps` trips costing `step_s` of throughput each, with
+    stages - 1 loads in flight. The first load's latency is never hidden; after the prologue a
+    step takes the longer of its work and latency / loads in flight (Little's law)."""
+    ahead = max(stages - 1, 0)
+    if ahead == 0:  # no software pipelining: every step waits for its load
+        return steps * (latency + step_s)
+    steady = max(step_s, latency / ahead)
+    return latency + min(steps, ahead) * step_s + max(0.0, steps - ahead) * steady
+
+
+def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: bool = True) -> float:
+    """Predicted seconds for one call (launch included); math.inf when the config cannot run.
+
+    `graphed`: launches cost the in-graph latency, as the measurer replays short kernels in
+    CUDA graphs and ops are meant to be captured.
+    """
+    f = features
+    rate_mma = device.matrix_rate(dtype) / device.sms  # per SM; also checks dtype
+    launch = f.launches * (device.graph_launch_s if graphed else device.launch_s)
+    if f.tiles <= 0:
+        return launch
+    occupancy = programs_per_sm(f, device)
+    if occupancy == 0 or f.programs <= 0:
+        return math.inf
+    rate_fma = device.fma / device.sms
+    rate_l2 = device.l2_bw / device.sms
+    # The main loop is bound per SM by its MMA, FMA and L2 traffic; a tile's work is spread
+    # over its steps, and a tile costs at least one step (its output is written regardless).
+    tile_s = max(f.mma_flops / rate_mma, f.fma_flops / rate_fma, f.l2_bytes / rate_l2) / f.tiles
+    mean_steps = max(f.steps_mean, 1.0)
+
+    def wave(n: int, steps: float) -> float:
+        """Time of a wave of n concurrent programs each walking `steps` steps; programs on
+        one SM share its throughput."""
+        resident = math.ceil(n / min(device.sms, n))
+        return _loop_time(steps, resident * tile_s / mean_steps, f.num_stages, device.mem_latency_s)
+
+    slots = min(f.programs, occupancy * device.sms)  # programs running at once
+    if f.programs >= f.tiles:
+        # a tile per program, scheduled in waves; the last wave may be partial
+        full, rest = divmod(f.tiles, slots)
+        body = full * wave(slots, mean_steps) + (wave(rest, mean_steps) if rest else 0.0)
+        longest = wave(min(slots, f.tiles), max(f.steps_max, 1))
+    else:
+        # persistent programs loop over tiles; their pipeline runs across tile boundaries
+        per_slot = math.ceil(f.tiles / slots)
+        body = wave(slots, per_slot * mean_steps)
+        longest = wave(slots, (per_slot - 1) * mean_steps + max(f.steps_max, 1))
+    # compulsory DRAM traffic is a budget of the whole launch (what each SM pulls through L2,
+    # re-reads included, is already bounded in the loop)
+    dram = f.dram_bytes / device.dram_bw + device.mem_latency_s
+    reduce = f.reduce_bytes / device.dram_bw  # split-K partials, spread over the whole chip
+    return launch + max(body, longest, dram) + reduce
+
+
+# --- floors (DESIGN.md, "Measuring performance") ---------------------------------------------
+
+def compulsory_bytes(problem: Problem) -> float:
+    """Sparse values + indices + dense inputs + outputs, each moved once."""
+    s, elt = problem.stats, _ELEMENT_BYTES[_dtype_name(problem.dtype)]
+    items = s.units * s.items_mean
+    kind = problem.fmt.split(":")[0]
+    if kind.isdigit():  # N:M and V:N:M: a uint8 position per stored value
+        index = s.nnz * 1.0
+    else:  # CSR / block / Shfl-BW: a column index per item and a pointer per unit
+        index = items * (2 if s.cols < 2**15 else 4) + (s.units + 1) * 4
+    values = s.nnz * elt
+    if problem.op == "sddmm":  # dense (m, n) and (k, n) in, sparse values out
+        return values + index + (problem.m + problem.k) * problem.n * elt
+    if problem.op == "softmax":  # sparse values in and out
+        return 2 * values + index
+    x, y = problem.k * problem.n * elt, problem.m * problem.n * elt
+    extra = (problem.m * elt if problem.epilogue.bias else 0) + (y if problem.epilogue.residual else 0)
+    return values + index + x + y + extra
+
+
+def useful_flops(problem: Problem) -> float:
+    """2 * nnz * n: a multiply-add per stored entry and dense column (nnz * 5 for softmax)."""
+    if problem.op == "softmax":
+        return 5.0 * problem.stats.nnz
+    return 2.0 * problem.stats.nnz * problem.n
+
+
+def floor_seconds(problem: Problem, device: DeviceSpec, *, cuda_cores: bool = False) -> float:
+    """max(useful flops / measured rate, compulsory bytes / DRAM bandwidth). `cuda_cores`
+    uses the fp32 FMA rate, for kernels that do not use the tensor cores."""
+    rate = device.fma if cuda_cores or problem.op == "softmax" else device.matrix_rate(problem.dtype)
+    return max(useful_flops(problem) / rate, compulsory_bytes(problem) / device.dram_bw)
+
+
+# --- dense GEMM (cuBLAS), so that the dense backend ranks on the same scale -------------------
+
+def gemm_features(m: int, k: int, n: int, dtype, *, bm: int = 128, bn: int = 128, bk: int | None = None,
+                  stages: int = 4, warps: int = 8, split_k: int = 1) -> KernelFeatures:
+    """Features of a well-tuned tiled dense GEMM (m, k) x (k, n): an approximation of cuBLAS.
+    Each output tile reads its A rows and B columns through L2; split-K partials go through
+    memory in fp32. bk defaults to 128 bytes of K (64 halves, 32 floats)."""
+    elt = _ELEMENT_BYTES[_dtype_name(dtype)]
+    bk = bk or 128 // elt
+    out_tiles = math.ceil(m / bm) * math.ceil(n / bn)
+    tiles = out_tiles * split_k
+    steps = math.ceil(math.ceil(k / bk) / split_k)
+    partial = m * n * 4
+    return KernelFeatures(
+        programs=tiles,
+        tiles=tiles,
+        mma_flops=2.0 * out_tiles * bm * bn * math.ceil(k / bk) * bk,
+        fma_flops=0.0,
+        dram_bytes=(m * k + k * n + m * n) * elt,
+        l2_bytes=tiles * steps * (bm + bn) * bk * elt + m * n * elt,
+        steps_max=steps,
+        steps_mean=steps,
+        smem_bytes=stages * (bm + bn) * bk * elt,
+        num_warps=warps,
+        num_stages=stages,
+        split_k=split_k,
+        reduce_bytes=2 * split_k * partial if split_k > 1 else 0.0,
+    )
+
+
+def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec) -> float:
+    """Predicted cuBLAS time: the best of a few tilings and split-K factors, as its heuristics
+    would choose."""
+    best = math.inf
+    for bm, bn in ((128, 256), (128, 128), (64, 128), (128, 64), (64, 64)):
+        for split_k in (1, 2, 4, 8, 16):
+            if split_k > 1 and math.ceil(k / 64) < 4 * split_k:  # keep a few steps per split
+                continue
+            f = gemm_features(m, k, n, dtype, bm=bm, bn=bn, split_k=split_k, stages=3 if bn == 256 else 4)
+            best = min(best, predict(f, device, dtype))
+    return best
+
+
+# --- calibration (CUDA only) -----------------------------------------------------------------
+
+def device_name(device_index: int = 0) -> str:
+    """'<name> sm_<major><minor>': the device part of every DB key."""
+    import torch
+
+    p = torch.cuda.get_device_properties(device_index)
+    return f"{p.name} sm_{p.major}{p.minor}"
+
+
+_KERNELS = None
+
+
+def _calibration_kernels():
+    """The Triton microbenchmarks, built on first use so that importing this module stays cheap."""
+    global _KERNELS
+    if _KERNELS is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def fma_kernel(out_ptr, a, b, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+            # four independent chains per thread keep the FMA pipes busy
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x0 = offs.to(tl.float32) * 1e-7
+            x1 = x0 + 1.0
+            x2 = x0 + 2.0
+            x3 = x0 + 3.0
+            for _ in range(ITERS):
+                x0 = x0 * a + b
+                x1 = x1 * a + b
+                x2 = x2 * a + b
+                x3 = x3 * a + b
+            tl.store(out_ptr + offs, x0 + x1 + x2 + x3)
+
+        @triton.jit
+        def read_kernel(src_ptr, out_ptr, chunks, REPS: tl.constexpr, BLOCK: tl.constexpr):
+            # each rep reads the chunks in a different rotation, so no load can be hoisted
+            pid = tl.program_id(0)
+            nprog = tl.num_programs(0)
+            acc = tl.zeros((BLOCK,), dtype=tl.float32)
+            for r in range(REPS):
+                for c in range(pid, chunks, nprog):
+                    chunk = (c + r * 7) % chunks
+                    acc += tl.load(src_ptr + chunk * BLOCK + tl.arange(0, BLOCK))
+            tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+        @triton.jit
+        def empty_kernel(ptr):
+            pass
+
+        _KERNELS = fma_kernel, read_kernel, empty_kernel
+    return _KERNELS
+
+
+def calibrate(device_index: int = 0) -> DeviceSpec:
+    """Measure a DeviceSpec on a CUDA device: large torch.mm in fp16/bf16/tf32, a
+    device-to-device copy, reads from an L2-resident buffer, a Triton FMA loop and an empty
+    launch. Takes a few seconds; the tuner stores the result in the DB per device."""
+    import torch
+
+    from .measure import time_callable
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("calibrate() needs a CUDA device; use DeviceSpec.h100() or a stored spec on the CPU")
+    dev = torch.device("cuda", device_index)
+    props = torch.cuda.get_device_properties(dev)
+    fma_kernel, read_kernel, empty_kernel = _calibration_kernels()
+    sms = props.multi_processor_count
+    l2 = props.L2_cache_size
+    with torch.cuda.device(dev):
+        n = 8192
+        rates = {}
+        for field, dt in (("mma_fp16", torch.float16), ("mma_bf16", torch.bfloat16), ("mma_tf32", torch.float32)):
+            a = torch.randn(n, n, device=dev, dtype=dt)
+            b = torch.randn(n, n, device=dev, dtype=dt)
+            c = torch.empty(n, n, device=dev, dtype=dt)
+            with _tf32(dt == torch.float32):
+                rates[field] = 2.0 * n**3 / time_callable(lambda: torch.mm(a, b, out=c))
+            del a, b, c
+
+        src = torch.randn(2**27, device=dev)  # 512 MiB, far beyond any L2
+        dst = torch.empty_like(src)
+        dram_bw = 2.0 * src.numel() * 4 / time_callable(lambda: dst.copy_(src))
+        del src, dst
+
+        block, reps = 1024, 16
+        buf = torch.randn(max(block, l2 // 4 // 4 // block * block), device=dev)  # a quarter of L2
+        programs = sms * 4
+        acc = torch.empty(programs * block, device=dev)
+        l2_bw = reps * buf.numel() * 4 / time_callable(
+            lambda: read_kernel[(programs,)](buf, acc, buf.numel() // block, REPS=reps, BLOCK=block, num_warps=8))
+
+        iters, fblock, fprog = 4096, 1024, sms * 16
+        out = torch.empty(fprog * fblock, device=dev)
+        fma = 2.0 * 4 * iters * out.numel() / time_callable(
+            lambda: fma_kernel[(fprog,)](out, 0.999, 1e-3, ITERS=iters, BLOCK=fblock, num_warps=8))
+
+        tiny = torch.empty(1, device=dev)
+        launch = time_callable(lambda: empty_kernel[(1,)](tiny), graph=False)
+        graph_launch = time_callable(lambda: empty_kernel[(1,)](tiny), graph=True)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    return DeviceSpec(
+        name=device_name(device_index),
+        sms=sms,
+        smem_per_sm=smem_sm,
+        smem_per_program=getattr(props, "shared_memory_per_block_optin", smem_sm - 1024),
+        l2_bytes=l2,
+        regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
+        dram_bw=dram_bw,
+        l2_bw=l2_bw,
+        fma=fma,
+        launch_s=launch,
+        graph_launch_s=graph_launch,
+        max_warps_per_sm=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
+        **rates,
+    )
+
+
+@contextlib.contextmanager
+def _tf32(on: bool):
+    """Let float32 matmuls use the tensor cores for the duration (restored on exit)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # allow_tf32 is deprecated in favour of fp32_precision
+        saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = on or saved
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cuda.matmul.allow_tf32 = saved

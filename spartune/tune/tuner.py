@@ -1,0 +1,262 @@
+"""pick(problem, candidates) -> Choice: the tuned (backend, config) for one problem.
+
+In-memory hit → at once; DB hit → resolved against the candidates, cached; miss → rank every
+candidate by the cost model, measure a few (mode "fast": the model's top k plus every library
+backend; "exhaustive": all; "model": none), check the winner's output once (a failing or
+crashing candidate is recorded and never picked; the next one is tried), store everything,
+return. The tuner knows kernels only through Candidate: a backend name, a config dataclass,
+the cost-model features (or a predicted time) and callables that run and check it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .db import TuningDB, canonical
+from .model import DeviceSpec, calibrate, device_name, predict
+from .problem import KernelFeatures, Problem
+
+MODES = ("model", "fast", "exhaustive")
+_STRENGTH = {m: i for i, m in enumerate(MODES)}  # a stored choice serves modes up to its own
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One (backend, config) that could run the problem.
+
+    features: what the cost model reads; library backends without them (cuSPARSE, ...) give
+    `predicted` seconds instead (dense can use model.dense_gemm_seconds). run: launches it on
+    prepared inputs (what the measurer times). check: runs it on fresh inputs and returns
+    whether the output matches the reference. library: a backend that is not ours (dense
+    cuBLAS, cuSPARSE, cuSPARSELt): always measured in fast mode, so spartune never loses to it.
+    """
+
+    backend: str
+    config: Any = None  # a frozen dataclass, or None for a backend without parameters
+    features: KernelFeatures | None = None
+    predicted: float | None = None
+    run: Callable[[], object] | None = None
+    check: Callable[[], bool] | None = None
+    library: bool = False
+
+    def __post_init__(self):
+        if self.features is None and self.predicted is None:
+            raise ValueError(f"candidate {self.backend}: give features (for the cost model) or predicted seconds")
+        if self.config is not None and not (dataclasses.is_dataclass(self.config) and not isinstance(self.config, type)):
+            raise TypeError(f"candidate {self.backend}: config must be a dataclass instance or None, got {type(self.config).__name__}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    config: Any
+    predicted: float | None
+    measured: float | None  # None when chosen by the model alone
+
+
+def config_json(config) -> dict | None:
+    """How a config is stored: its class name and fields (JSON-able)."""
+    if config is None:
+        return None
+    return {"type": type(config).__name__, "fields": dataclasses.asdict(config)}
+
+
+class Tuner:
+    """Picks and remembers the fastest candidate per problem.
+
+    measurer(candidate) -> seconds; the default times candidate.run with measure.time_callable
+    (GPU only). db=None keeps choices in memory only.
+    """
+
+    def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[[Candidate], float] | None = None,
+                 mode: str = "fast", top_k: int = 6):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be at least 1, got {top_k}")
+        if measurer is None:
+            from .measure import measure_candidate as measurer
+        self.db, self.device, self.measurer, self.mode, self.top_k = db, device_spec, measurer, mode, top_k
+        self._memo: dict[tuple, Choice] = {}
+
+    def cached(self, key: tuple) -> Choice | None:
+        """The in-memory choice for a precomputed problem.key(), or None: the dispatch's hot path."""
+        return self._memo.get(key)
+
+    def pick(self, problem: Problem, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]],
+             key: tuple | None = None) -> Choice:
+        """The choice for `problem`. `candidates` may be a callable, built only on a miss;
+        `key` is problem.key() when the caller has it precomputed."""
+        if key is None:
+            key = problem.key()
+        choice = self._memo.get(key)
+        if choice is None:
+            choice = self._memo[key] = self._tune(problem, list(candidates() if callable(candidates) else candidates))
+        return choice
+
+    def predicted(self, candidate: Candidate, dtype) -> float:
+        if candidate.predicted is not None:
+            return float(candidate.predicted)
+        return predict(candidate.features, self.device, dtype)
+
+    # --- a miss ----------------------------------------------------------------------------------
+    def _tune(self, problem: Problem, cands: list[Candidate]) -> Choice:
+        if not cands:
+            raise ValueError(f"no candidates for {problem.op} {problem.fmt} ({problem.m}x{problem.k}, n={problem.n})")
+        if self.db is not None and not problem.device:
+            raise ValueError("problem.device is empty: set it (model.device_name()) so that DB entries never cross devices")
+        configs = [config_json(c.config) for c in cands]
+        db_key = self.db.key(problem) if self.db is not None else None
+        if db_key is not None:
+            stored = self.db.get_best(db_key)
+            if stored is not None and _STRENGTH.get(stored["mode"], -1) >= _STRENGTH[self.mode]:
+                wanted = canonical(stored["config"])
+                for c, cfg in zip(cands, configs):
+                    if c.backend == stored["backend"] and canonical(cfg) == wanted:
+                        return Choice(c.backend, c.config, stored["predicted"], stored["seconds"])
+                # the stored config is no longer in the space: tune again
+
+        preds = [self.predicted(c, problem.dtype) for c in cands]
+        order = sorted(range(len(cands)), key=lambda i: preds[i])
+        if self.mode == "model":
+            to_measure = []
+        elif self.mode == "fast":
+            to_measure = order[: self.top_k] + [i for i in order[self.top_k:] if cands[i].library]
+        else:
+            to_measure = order
+        rows = {i: self._measure(cands[i], configs[i], preds[i]) for i in to_measure}
+
+        # fastest measured first; with no measurements, the model's order
+        ranked = sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) if to_measure else order
+        chosen = next((i for i in ranked if self._passes(cands[i], i, configs[i], preds[i], rows)), None)
+        best = None
+        if chosen is not None:
+            best = {"backend": cands[chosen].backend, "config": configs[chosen], "predicted": preds[chosen],
+                    "seconds": rows[chosen]["seconds"] if chosen in rows else None, "mode": self.mode}
+        if db_key is not None:
+            self.db.record(db_key, list(rows.values()), best)
+        if best is None:
+            errors = "; ".join(f"{r['backend']}: {r['error']}" for r in rows.values())
+            raise RuntimeError(f"no candidate ran correctly for {problem.op} {problem.fmt} "
+                               f"({problem.m}x{problem.k}, n={problem.n}): {errors or 'none was measured'}")
+        c = cands[chosen]
+        return Choice(c.backend, c.config, best["predicted"], best["seconds"])
+
+    def _measure(self, c: Candidate, cfg, predicted: float) -> dict:
+        row = {"backend": c.backend, "config": cfg, "predicted": predicted, "seconds": None, "error": None}
+        try:
+            seconds = float(self.measurer(c))
+            if not (seconds > 0 and math.isfinite(seconds)):
+                raise ValueError(f"measurer returned {seconds!r} seconds")
+            row["seconds"] = seconds
+        except Exception as e:  # a compile error or launch failure: recorded, never picked
+            row["error"] = f"{type(e).__name__}: {e}"
+        return row
+
+    def _passes(self, c: Candidate, i: int, cfg, predicted: float, rows: dict) -> bool:
+        """Run the candidate's check once; a failure is recorded against it."""
+        if c.check is None:
+            return True
+        try:
+            ok, error = bool(c.check()), "wrong result: output does not match the reference"
+        except Exception as e:
+            ok, error = False, f"check raised {type(e).__name__}: {e}"
+        if not ok:
+            row = rows.setdefault(i, {"backend": c.backend, "config": cfg, "predicted": predicted})
+            row.update(seconds=None, error=error)
+        return ok
+
+
+def load_or_calibrate(db: TuningDB | None, device_index: int = 0) -> DeviceSpec:
+    """The device's stored calibration, or a fresh one (a few seconds, once per device) that
+    is then stored. CUDA only."""
+    name = device_name(device_index)
+    spec = db.get_calibration(name) if db is not None else None
+    if spec is None:
+        spec = calibrate(device_index)
+        if db is not None:
+            db.set_calibration(name, spec)
+    return spec
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+def evaluate(records: Iterable[dict], top_k: int = 6, library_backends: Iterable[str] = ("dense",)) -> dict:
+    """How the model and fast modes would have done, from exhaustive measurements.
+
+    records: rows with 'problem' (any hashable key), 'backend', 'seconds' (None = failed) and
+    'predicted' (e.g. TuningDB.results()). Per problem, model mode picks the best-predicted
+    candidate that ran; fast mode measures the top_k predicted plus the library backends and
+    picks the fastest of those. Ratios are picked time / exhaustive best (1.0 is perfect).
+    """
+    library = set(library_backends)
+    groups = defaultdict(list)
+    for r in records:
+        groups[r["problem"]].append(r)
+    model, fast, in_top, rhos = [], [], [], []
+    measured = total = 0
+    for rows in groups.values():
+        valid = [r for r in rows if r["seconds"] is not None]
+        if not valid:
+            continue
+        best = min(r["seconds"] for r in valid)
+        order = sorted(rows, key=_pred)
+        model.append(next(r["seconds"] for r in order if r["seconds"] is not None) / best)
+        chosen = order[:top_k] + [r for r in order[top_k:] if r["backend"] in library]
+        ran = [r["seconds"] for r in chosen if r["seconds"] is not None]
+        fast.append(min(ran) / best if ran else math.inf)
+        measured += len(chosen)
+        total += len(rows)
+        in_top.append(any(r["seconds"] == best for r in order[:top_k]))
+        ranked = [r for r in valid if math.isfinite(_pred(r))]
+        if len(ranked) >= 3:
+            rho = _spearman([_pred(r) for r in ranked], [r["seconds"] for r in ranked])
+            if rho is not None:
+                rhos.append(rho)
+    if not model:
+        raise ValueError("no problem has a successful measurement")
+
+    def summary(ratios):
+        x = np.asarray(ratios, dtype=float)
+        return {"ratio_median": float(np.median(x)), "ratio_p90": float(np.quantile(x, 0.9, method="higher")),
+                "within_5": float(np.mean(x <= 1.05)), "within_15": float(np.mean(x <= 1.15))}
+
+    return {
+        "problems": len(model),
+        "top_k": top_k,
+        "model": summary(model),
+        "fast": {**summary(fast), "fraction_measured": measured / total},
+        "best_in_top_k": float(np.mean(in_top)),
+        "spearman_median": float(np.median(rhos)) if rhos else None,
+        "spearman_mean": float(np.mean(rhos)) if rhos else None,
+    }
+
+
+def _pred(r: dict) -> float:
+    p = r.get("predicted")
+    return math.inf if p is None else p
+
+
+def _ranks(x) -> np.ndarray:
+    """Ranks from 0, ties given their mean rank."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    for value in np.unique(x):
+        tie = x == value
+        ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def _spearman(a, b) -> float | None:
+    """Spearman's rank correlation; None when either side is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])

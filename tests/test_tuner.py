@@ -1,0 +1,299 @@
+"""The search: what gets measured in each mode, failures and wrong results, the DB and memo
+paths, and the evaluation helper."""
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from spartune.formats import FormatStats
+from spartune.tune.db import TuningDB
+from spartune.tune.model import H100, dense_gemm_seconds
+from spartune.tune.problem import KernelFeatures, Problem
+from spartune.tune.tuner import Candidate, Choice, Tuner, config_json, evaluate
+
+VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0"}
+STATS = FormatStats(rows=4096, cols=4096, nnz=419430, density=0.1, unit_rows=64, units=64, items_mean=6.4,
+                    items_cv=0.2, items_max=9, empty_units=0, item_cols=64)
+
+
+@dataclass(frozen=True)
+class Cfg:
+    bn: int
+    stages: int = 3
+
+
+def problem(n=2048, m=4096):
+    return Problem("linear", "block:64x64", m, 4096, n, "float16", STATS, device="H100 sm_90")
+
+
+class FakeMeasurer:
+    """Seconds per candidate from a table; an Exception in the table is raised."""
+
+    def __init__(self, times):
+        self.times, self.calls = times, []
+
+    def __call__(self, c):
+        self.calls.append((c.backend, c.config))
+        t = self.times[(c.backend, c.config)]
+        if isinstance(t, Exception):
+            raise t
+        return t
+
+
+def space(n=20, measured=None, checks=None):
+    """n blocked candidates, predicted 1..n us (the model's order is the index), plus dense,
+    predicted slowest. `measured` maps index -> seconds (default: predicted * 1.1)."""
+    measured = measured or {}
+    checks = checks or {}
+    cands, times = [], {}
+    for i in range(n):
+        cfg = Cfg(bn=16 * (i + 1))
+        cands.append(Candidate("blocked", cfg, predicted=(i + 1) * 1e-6, check=checks.get(i)))
+        times[("blocked", cfg)] = measured.get(i, (i + 1) * 1.1e-6)
+    cands.append(Candidate("dense", None, predicted=1e-3, library=True, check=checks.get("dense")))
+    times[("dense", None)] = measured.get("dense", 50e-6)
+    return cands, FakeMeasurer(times)
+
+
+def tuner(measurer, mode="fast", top_k=4, db=None):
+    return Tuner(db, H100, measurer=measurer, mode=mode, top_k=top_k)
+
+
+def test_fast_measures_the_top_k_and_dense_only():
+    cands, m = space(measured={2: 0.5e-6})  # the model's third choice is in fact the fastest
+    choice = tuner(m).pick(problem(), cands)
+    assert (choice.backend, choice.config, choice.measured) == ("blocked", Cfg(bn=48), 0.5e-6)
+    assert choice.predicted == pytest.approx(3e-6)
+    assert sorted(m.calls, key=str) == sorted([("blocked", Cfg(bn=16 * (i + 1))) for i in range(4)] + [("dense", None)], key=str)
+
+
+def test_dense_is_always_measured_and_wins_when_fastest():
+    cands, m = space(measured={"dense": 0.1e-6})
+    choice = tuner(m, top_k=1).pick(problem(), cands)
+    assert choice.backend == "dense" and choice.config is None and choice.measured == 0.1e-6
+    assert ("dense", None) in m.calls and len(m.calls) == 2
+
+
+def test_exhaustive_measures_everything():
+    cands, m = space(measured={17: 0.2e-6})
+    choice = tuner(m, mode="exhaustive").pick(problem(), cands)
+    assert len(m.calls) == len(cands) and choice.config == Cfg(bn=16 * 18)
+
+
+def test_model_mode_measures_nothing():
+    cands, m = space()
+    choice = tuner(m, mode="model").pick(problem(), cands)
+    assert m.calls == [] and choice == Choice("blocked", Cfg(bn=16), 1e-6, None)
+
+
+def test_model_ranks_by_features():
+    """Candidates with features are ranked by model.predict: one more tile than the SMs costs
+    a wave; the dense candidate gets its time from the dense GEMM model."""
+
+    def feats(tiles):
+        return KernelFeatures(programs=tiles, tiles=tiles, mma_flops=tiles * 8 * 2 * 128 * 128 * 64.0, fma_flops=0.0,
+                              dram_bytes=tiles * 32e3, l2_bytes=tiles * 8 * 32e3, steps_max=8, steps_mean=8,
+                              smem_bytes=150 * 1024, num_warps=8, num_stages=3)
+
+    dense = Candidate("dense", None, predicted=dense_gemm_seconds(4096, 4096, 2048, "float16", H100), library=True)
+    cands = [Candidate("blocked", Cfg(133), feats(133)), Candidate("blocked", Cfg(132), feats(132)), dense]
+    choice = tuner(FakeMeasurer({}), mode="model").pick(problem(), cands)
+    assert choice.config == Cfg(132) and choice.measured is None
+    t = Tuner(None, H100, measurer=FakeMeasurer({}), mode="model")
+    assert t.predicted(cands[1], "float16") < t.predicted(cands[0], "float16") < t.predicted(dense, "float16")
+
+
+def test_failures_are_recorded_and_never_picked(tmp_path):
+    boom = RuntimeError("CompilationError: out of shared memory")
+    cands, m = space(measured={0: boom, 1: 0.3e-6})
+    db = TuningDB(tmp_path / "t.sqlite3", versions=VERSIONS)
+    choice = tuner(m, db=db).pick(problem(), cands)
+    assert choice.config == Cfg(bn=32)
+    rows = {r["config"]["fields"]["bn"] if r["config"] else "dense": r for r in db.results()}
+    assert rows[16]["seconds"] is None and "out of shared memory" in rows[16]["error"]
+    assert rows[32]["seconds"] == 0.3e-6 and rows[32]["error"] is None
+    assert len(rows) == 5  # top 4 + dense: every measurement is kept
+
+
+def test_nonsense_times_count_as_failures():
+    cands, m = space(measured={0: float("nan"), 1: 0.0})
+    assert tuner(m).pick(problem(), cands).config == Cfg(bn=48)
+
+
+def test_wrong_results_are_rejected_and_the_next_best_checked(tmp_path):
+    checked = []
+
+    def check(i, ok):
+        return lambda: checked.append(i) or ok
+
+    def raising():
+        checked.append("raise")
+        raise ValueError("illegal memory access")
+
+    cands, m = space(measured={0: 0.1e-6, 1: 0.2e-6, 2: 0.3e-6},
+                     checks={0: check(0, False), 1: raising, 2: check(2, True), 3: check(3, True)})
+    db = TuningDB(tmp_path / "t.sqlite3", versions=VERSIONS)
+    choice = tuner(m, db=db).pick(problem(), cands)
+    assert choice.config == Cfg(bn=48) and checked == [0, "raise", 2]  # the check runs on the winner only
+    rows = {r["config"]["fields"]["bn"]: r for r in db.results() if r["config"]}
+    assert rows[16]["seconds"] is None and "wrong result" in rows[16]["error"]
+    assert rows[32]["seconds"] is None and "illegal memory access" in rows[32]["error"]
+    assert db.get_best(db.key(problem()))["config"] == config_json(Cfg(bn=48))
+
+
+def test_model_mode_still_checks_its_pick():
+    cands, m = space(checks={0: lambda: False})
+    assert tuner(m, mode="model").pick(problem(), cands).config == Cfg(bn=32) and m.calls == []
+
+
+def test_nothing_correct_raises_after_recording(tmp_path):
+    cands = [Candidate("blocked", Cfg(16), predicted=1e-6), Candidate("dense", None, predicted=1e-3, library=True)]
+    m = FakeMeasurer({("blocked", Cfg(16)): RuntimeError("a"), ("dense", None): RuntimeError("b")})
+    db = TuningDB(tmp_path / "t.sqlite3", versions=VERSIONS)
+    with pytest.raises(RuntimeError, match="no candidate ran correctly"):
+        tuner(m, db=db).pick(problem(), cands)
+    assert len(db.results()) == 2 and db.get_best(db.key(problem())) is None
+
+
+def test_memo_hit_builds_no_candidates():
+    cands, m = space()
+    t = tuner(m)
+    built = []
+
+    def factory():
+        built.append(1)
+        return cands
+
+    first = t.pick(problem(), factory)
+    key = problem().key()
+    assert t.pick(problem(), factory, key=key) is first and t.cached(key) is first
+    assert t.pick(problem(n=1500), factory) is first  # same N bucket
+    assert built == [1] and len(m.calls) == 5
+
+
+def test_db_hit_in_a_new_process_resolves_the_config(tmp_path):
+    path = tmp_path / "t.sqlite3"
+    cands, m = space(measured={3: 0.2e-6})
+    first = tuner(m, db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands)
+    cands2, m2 = space()  # fresh objects, as a new process would build them
+    again = tuner(m2, db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands2)
+    assert m2.calls == [] and again == first and again.config is cands2[3].config
+
+
+def test_db_entries_from_a_weaker_mode_are_retuned(tmp_path):
+    path = tmp_path / "t.sqlite3"
+    cands, m = space()
+    tuner(m, mode="model", db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands)
+    tuner(m, mode="fast", db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands)
+    assert len(m.calls) == 5
+    m.calls.clear()
+    tuner(m, mode="model", db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands)  # fast serves model
+    assert m.calls == []
+
+
+def test_a_stored_config_no_longer_offered_is_retuned(tmp_path):
+    path = tmp_path / "t.sqlite3"
+    cands, m = space(measured={0: 0.1e-6})
+    tuner(m, db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands)
+    m.calls.clear()
+    choice = tuner(m, db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands[1:])
+    assert choice.config == Cfg(bn=32) and len(m.calls) == 5
+
+
+def test_other_versions_do_not_reuse_choices(tmp_path):
+    path = tmp_path / "t.sqlite3"
+    cands, m = space()
+    tuner(m, db=TuningDB(path, versions=VERSIONS)).pick(problem(), cands)
+    tuner(m, db=TuningDB(path, versions={**VERSIONS, "torch": "2.14.0"})).pick(problem(), cands)
+    assert len(m.calls) == 10
+
+
+def test_candidate_and_tuner_arguments_are_checked():
+    with pytest.raises(ValueError, match="features"):
+        Candidate("cusparse", None)
+    with pytest.raises(TypeError, match="dataclass"):
+        Candidate("blocked", {"bn": 16}, predicted=1.0)
+    with pytest.raises(ValueError, match="mode"):
+        Tuner(None, H100, measurer=lambda c: 1.0, mode="quick")
+    with pytest.raises(ValueError, match="top_k"):
+        Tuner(None, H100, measurer=lambda c: 1.0, top_k=0)
+    with pytest.raises(ValueError, match="no candidates"):
+        Tuner(None, H100, measurer=lambda c: 1.0).pick(problem(), [])
+
+
+# --- evaluation ------------------------------------------------------------------------------------
+
+def rec(p, backend, predicted, seconds):
+    return {"problem": p, "backend": backend, "predicted": predicted, "seconds": seconds}
+
+
+FIXTURE = [  # three problems, measured exhaustively
+    # A: the model's order is right
+    rec("A", "k", 1.0, 10.0), rec("A", "k", 2.0, 11.0), rec("A", "k", 3.0, 12.0), rec("A", "dense", 9.0, 20.0),
+    # B: the model's first choice is 10% slow, the best is its third; one candidate failed
+    rec("B", "k", 1.0, 11.0), rec("B", "k", 2.0, None), rec("B", "k", 3.0, 10.0), rec("B", "dense", 9.0, 30.0),
+    # C: the model ranks backwards; dense is best, predicted last
+    rec("C", "k", 1.0, 40.0), rec("C", "k", 2.0, 30.0), rec("C", "k", 3.0, 20.0), rec("C", "dense", 9.0, 10.0),
+]
+
+
+def test_evaluate_on_a_known_fixture():
+    ev = evaluate(FIXTURE, top_k=2)
+    assert ev["problems"] == 3
+    assert ev["model"]["ratio_median"] == pytest.approx(1.1) and ev["model"]["ratio_p90"] == pytest.approx(4.0)
+    assert ev["model"]["within_5"] == pytest.approx(1 / 3) and ev["model"]["within_15"] == pytest.approx(2 / 3)
+    # fast (top 2 + dense): A 1.0, B 11/10 (the best was third), C 1.0 (dense measured)
+    assert ev["fast"]["ratio_median"] == pytest.approx(1.0) and ev["fast"]["ratio_p90"] == pytest.approx(1.1)
+    assert ev["fast"]["within_5"] == pytest.approx(2 / 3) and ev["fast"]["within_15"] == 1.0
+    assert ev["fast"]["fraction_measured"] == pytest.approx(9 / 12)
+    assert ev["best_in_top_k"] == pytest.approx(1 / 3)
+    # Spearman per problem: A +1, B (valid 1, 3, dense: times 11, 10, 30) +0.5, C -1
+    assert ev["spearman_median"] == pytest.approx(0.5) and ev["spearman_mean"] == pytest.approx(1 / 6)
+
+
+def test_evaluate_reads_the_db_after_an_exhaustive_run(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite3", versions=VERSIONS)
+    for n in (16, 256, 4096):
+        cands, m = space(n=10, measured={5: 0.1e-6} if n == 4096 else None)
+        tuner(m, mode="exhaustive", db=db).pick(problem(n=n), cands)
+    ev = evaluate(db.results(), top_k=4)
+    assert ev["problems"] == 3 and ev["fast"]["fraction_measured"] == pytest.approx(5 / 11)
+    assert ev["best_in_top_k"] == pytest.approx(2 / 3)
+    assert ev["spearman_median"] == pytest.approx(1.0)
+    assert ev["model"]["ratio_p90"] == pytest.approx(1.1e-6 / 0.1e-6)
+    assert math.isclose(ev["fast"]["within_5"], 2 / 3)
+
+
+def test_a_problem_without_device_is_refused_by_a_db_tuner(tmp_path):
+    cands, m = space()
+    bare = Problem("linear", "block:64x64", 4096, 4096, 16, "float16", STATS)
+    with pytest.raises(ValueError, match="device"):
+        tuner(m, db=TuningDB(tmp_path / "t.sqlite3", versions=VERSIONS)).pick(bare, cands)
+    assert tuner(m).pick(bare, cands).backend == "blocked"  # memory only: nothing can cross devices
+
+
+# --- measurement helpers (the timing itself needs a GPU) ---------------------------------------------
+
+def test_rotating_cycles_through_input_sets():
+    from spartune.tune.measure import rotating, sets_to_rotate
+
+    seen = []
+    fn = rotating(lambda a, b: seen.append(a + b), [(1, 2), (10, 20), (100, 200)])
+    for _ in range(4):
+        fn()
+    assert seen == [3, 30, 300, 3]
+    assert sets_to_rotate(10e6, 50 * 2**20) == 11  # working set at least twice the L2
+    assert sets_to_rotate(1e3, 50 * 2**20) == 16 and sets_to_rotate(1e9, 50 * 2**20) == 1
+    with pytest.raises(ValueError):
+        rotating(print, [])
+
+
+def test_calibrate_needs_cuda():
+    import torch
+
+    from spartune.tune.model import calibrate
+
+    if torch.cuda.is_available():
+        pytest.skip("calibration runs on the GPU machine")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        calibrate(0)
