@@ -20,6 +20,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 import spartune as st
 from spartune.kernels import spmm_blocked
+from spartune.tune.model import H100, predict
 from spartune.tune.problem import Problem
 
 SHAPES = {  # name: (M, K)
@@ -93,9 +94,12 @@ def run_case(name, fmt, M, K, N, density, rates, gen, max_configs, quick):
     t_dense = bench(lambda: F.linear(x, w), graph)
     prob = problem_of(fmt, A, N)
     configs = spmm_blocked.space(prob)
-    if len(configs) > max_configs:  # keep the sweep inside the lease: a spread over the space
-        step = len(configs) / max_configs
-        configs = [configs[int(i * step)] for i in range(max_configs)]
+    if len(configs) > max_configs:  # inside the lease: the cost model's top picks plus a spread
+        ranked = sorted(configs, key=lambda c: predict(spmm_blocked.features(prob, c), H100, "float16"))
+        top = ranked[: max_configs * 2 // 3]
+        rest = [c for c in configs if c not in top]
+        step = max(1, len(rest) // max(1, max_configs - len(top)))
+        configs = top + rest[::step][: max_configs - len(top)]
     best, best_cfg, errors = float("inf"), None, 0
     for cfg in configs:
         try:

@@ -9,6 +9,7 @@ spmm(A, X) is the same kernel on strided views (x = X.T, out = Y.T): nothing is 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -84,36 +85,42 @@ def _blocked_spmm_kernel(
 def _blocked_spmm_tma_kernel(
     x_desc, a_desc, out_desc, crow_ptr, col_ptr, bias_ptr, res_ptr,
     M, N, n_units, stride_rn, stride_rm, scale,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, PERSISTENT: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
 ):
     """BSR only, x and out K-/M-contiguous: tiles move by the tensor memory accelerator
-    (TMA), which also zero-fills and clips the edges, so the loop carries no masks."""
-    pid = tl.program_id(0)
+    (TMA), which also zero-fills and clips the edges, so the loop carries no masks.
+    PERSISTENT: one program per SM slot walks tiles pid, pid + P, ...; the flattened loop lets
+    the next tile's loads start while this tile's epilogue runs (units hold few blocks)."""
     n_strips = tl.cdiv(N, BN)
     per_group = GROUP * n_strips
-    first = (pid // per_group) * GROUP
-    size = tl.minimum(n_units - first, GROUP)
-    unit = first + (pid % per_group) % size
-    strip = (pid % per_group) // size
-    n0 = strip * BN
-
-    start = tl.load(crow_ptr + unit)
-    end = tl.load(crow_ptr + unit + 1)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for p in range(start, end):
-        c = tl.load(col_ptr + p)
-        a = a_desc.load([p * BM, 0])
-        xt = x_desc.load([n0, c * BK])
-        acc = tl.dot(a, xt.T, acc)
-
-    feat = unit * BM + tl.arange(0, BM)
-    offs_n = n0 + tl.arange(0, BN)
-    m_ok = feat < M
-    mask = m_ok[:, None] & (offs_n < N)[None, :]
-    y = epilogue(acc, feat[:, None], m_ok[:, None], offs_n[None, :] * stride_rn + feat[:, None] * stride_rm, mask,
-                 scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
-    out_desc.store([n0, unit * BM], y.to(out_desc.dtype).T)
+    n_tiles = n_units * n_strips
+    if PERSISTENT:
+        first_tile = tl.program_id(0)
+        step = tl.num_programs(0)
+    else:
+        first_tile = tl.program_id(0)
+        step = n_tiles
+    for tile in tl.range(first_tile, n_tiles, step, flatten=PERSISTENT):
+        first = (tile // per_group) * GROUP
+        size = tl.minimum(n_units - first, GROUP)
+        unit = first + (tile % per_group) % size
+        n0 = ((tile % per_group) // size) * BN
+        start = tl.load(crow_ptr + unit)
+        end = tl.load(crow_ptr + unit + 1)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for p in range(start, end):
+            c = tl.load(col_ptr + p)
+            a = a_desc.load([p * BM, 0])
+            xt = x_desc.load([n0, c * BK])
+            acc = tl.dot(a, xt.T, acc)
+        feat = unit * BM + tl.arange(0, BM)
+        offs_n = n0 + tl.arange(0, BN)
+        m_ok = feat < M
+        mask = m_ok[:, None] & (offs_n < N)[None, :]
+        y = epilogue(acc, feat[:, None], m_ok[:, None], offs_n[None, :] * stride_rn + feat[:, None] * stride_rm, mask,
+                     scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
+        out_desc.store([n0, unit * BM], y.to(out_desc.dtype).T)
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,7 @@ class Config:
     num_stages: int
     group: int = 8  # units that sweep the token strips together
     tma: bool = False  # BSR: move tiles by TMA (when x and out are row-contiguous and aligned)
+    persistent: bool = False  # TMA path: one program per SM slot looping over tiles
 
 
 SMEM_BYTES = 227 * 1024
@@ -158,6 +166,8 @@ def space(problem: Problem) -> list[Config]:
                     for group in (1, 8):
                         for tma in (False, True) if fixed_bk else (False,):
                             out.append(Config(bn, bk, num_warps, num_stages, group, tma))
+                            if tma and num_stages >= 3:
+                                out.append(Config(bn, bk, num_warps, num_stages, group, tma, True))
     return out
 
 
@@ -177,7 +187,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
     return KernelFeatures(
-        programs=tiles,
+        programs=min(tiles, 2 * 132) if config.persistent else tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * bm * config.bn * k_eff,
         fma_flops=0.0,
@@ -207,13 +217,15 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     if grid[0] == 0:
         return out
     if config.tma and not shuffled and _tma_ready(x) and _tma_ready(out):
+        if config.persistent:
+            grid = (min(grid[0], _sm_slots(x.device, config)),)
         _blocked_spmm_tma_kernel[grid](
             TensorDescriptor.from_tensor(x, [config.bn, bk]),
             TensorDescriptor(A.values, [A.values.shape[0] * bm, bk], [bk, 1], [bm, bk]),
             TensorDescriptor.from_tensor(out, [config.bn, bm]),
             A.crow, A.col, bias if bias is not None else out, res,
             M, N, n_units, res.stride(0), res.stride(1), float(scale),
-            BM=bm, BN=config.bn, BK=bk, GROUP=config.group,
+            BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent,
             HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
@@ -240,3 +252,13 @@ def _tma_ready(t: torch.Tensor) -> bool:
         and t.shape[0] > 0
         and t.shape[1] > 0
     )
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _sm_slots(device: torch.device, config: Config) -> int:
+    """Persistent programs: two per SM when the accumulator and stages leave room for two."""
+    return _sm_count(device) * (2 if config.bn * config.num_stages <= 512 else 1)
