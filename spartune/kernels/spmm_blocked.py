@@ -165,6 +165,8 @@ def space(problem: Problem) -> list[Config]:
                         continue
                     for group in (1, 8):
                         for tma in (False, True) if fixed_bk else (False,):
+                            if tma and num_stages * (bm * bk + bk * bn) * elt + bm * bn * elt > SMEM_BYTES:
+                                continue  # TMA stages the output tile in shared memory too
                             out.append(Config(bn, bk, num_warps, num_stages, group, tma))
                             if tma and num_stages >= 3:
                                 out.append(Config(bn, bk, num_warps, num_stages, group, tma, True))
@@ -195,7 +197,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         l2_bytes=steps_total * (bm * config.bk + config.bk * config.bn) * elt + y_bytes,
         steps_max=steps_max,
         steps_mean=steps_mean,
-        smem_bytes=config.num_stages * (bm * config.bk + config.bk * config.bn) * elt,
+        smem_bytes=config.num_stages * (bm * config.bk + config.bk * config.bn) * elt + (bm * config.bn * elt if config.tma else 0),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
