@@ -72,6 +72,8 @@ def _device_name(device: torch.device) -> str:
 def _check_format(A, op):
     if not isinstance(A, SparseFormat):
         raise TypeError(f"{op}: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+    if A.dtype not in TOLERANCE:
+        raise TypeError(f"{op}: A must hold float16, bfloat16 or float32 values, got {A.dtype} (use A.with_values)")
 
 
 def _check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
@@ -198,7 +200,9 @@ def _run(choice, ours, library):
 
 def _run_linear(A, x, out, bias, activation, residual, scale):
     epi = dict(bias=bias, activation=activation, residual=residual, scale=scale)
-    key = ("linear", x.shape[0], x.dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0)
+    layout = _layout(x)
+    key = ("linear", x.shape[0], x.dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
+           layout)
     launch = _dispatch(A, key, lambda: _linear_launcher(_tune_linear(A, x, out, epi), A))
     launch(A, x, out, epi)
 
@@ -208,7 +212,7 @@ def _tune_linear(A, x, out, epi):
     ours = {} if family is None else {family[0]: (family[1], lambda cfg: family[1].launch(A, x, out, cfg, **epi))}
     library = {name: (lambda fn=fn: fn(A, x, out, **epi)) for name, fn in _library_linear(A).items()}
     epilogue = Epilogue(epi["bias"] is not None, epi["activation"], epi["residual"] is not None, epi["scale"] != 1.0)
-    return _tune("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
+    return _tune("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library, layout=_layout(x),
                  reference=lambda: reference.linear(x, A, epi["bias"], epi["activation"], epi["residual"], epi["scale"]),
                  result=lambda y: y)
 
@@ -227,7 +231,13 @@ def _linear_launcher(choice, A):
     return lambda A, x, out, epi: fn(A, x, out, **epi)
 
 
-def _tune(op, A, k, n, dtype, epilogue, ours, library, reference, result):
+def _layout(x) -> str:
+    """'linear' when x's K is contiguous (tokens x features), 'spmm' when its tokens are
+    (x = X.T of a (K, N) matrix): kernels gather differently, so choices differ."""
+    return "linear" if x.stride(-1) == 1 else "spmm"
+
+
+def _tune(op, A, k, n, dtype, epilogue, ours, library, reference, result, layout="linear"):
     """Build every candidate (our configs with their cost-model features, the library
     backends with a prior) and let the tuner pick. `ours`: name -> (module, run(config))."""
     from .tune.model import dense_gemm_seconds
@@ -236,7 +246,7 @@ def _tune(op, A, k, n, dtype, epilogue, ours, library, reference, result):
     tuner = get_tuner()
     M = A.shape[0]
     problem = Problem(op, A.signature, M, k, n, str(dtype).removeprefix("torch."), A.stats(), epilogue,
-                      _device_name(A.device))
+                      _device_name(A.device), layout)
     if A.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
         ours = {}  # no GPU and no interpreter: only torch can run
 

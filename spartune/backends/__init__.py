@@ -42,7 +42,7 @@ def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=
     """cuBLAS on the decompressed weight; bias fused by F.linear when it is the whole epilogue."""
     w = dense_weight(A)
     if activation is None and residual is None and scale == 1.0 and out.dtype == x.dtype:
-        return out.copy_(F.linear(x, w, bias))
+        return out.copy_(F.linear(x, w, None if bias is None else bias.to(w.dtype)))
     return _finish(F.linear(x, w), out, bias, activation, residual, scale)
 
 

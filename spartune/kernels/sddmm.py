@@ -50,7 +50,7 @@ class Config:
 def _sddmm_gather_kernel(
     crow_ptr, col_ptr, order_ptr, a_ptr, b_ptr, out_ptr,
     M, D, stride_am, stride_ad, stride_bn, stride_bd, scale,
-    R: tl.constexpr, BNNZ: tl.constexpr, BD: tl.constexpr,
+    R: tl.constexpr, BNNZ: tl.constexpr, BD: tl.constexpr, ONE_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     slot = pid * R + tl.arange(0, R)
@@ -60,6 +60,9 @@ def _sddmm_gather_kernel(
     length = tl.load(crow_ptr + rows + 1, mask=rvalid, other=0) - start
     a_row = a_ptr + rows[:, None] * stride_am  # (R, 1)
     dd = tl.arange(0, BD)
+    if ONE_D:  # the rows of a stay in registers for all their nonzeros
+        a_all = tl.load(a_row + dd[None, :] * stride_ad, mask=rvalid[:, None] & (dd < D)[None, :], other=0.0)
+        a_all = a_all.to(tl.float32)[:, None, :]
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
         j = s + tl.arange(0, BNNZ)
@@ -67,13 +70,17 @@ def _sddmm_gather_kernel(
         off = start[:, None] + j[None, :]
         c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
         b_row = b_ptr + c[:, :, None] * stride_bn  # (R, BNNZ, 1)
-        acc = tl.zeros((R, BNNZ), dtype=tl.float32)
-        for d0 in range(0, D, BD):
-            d = d0 + dd
-            dm = d < D
-            av = tl.load(a_row + d[None, :] * stride_ad, mask=rvalid[:, None] & dm[None, :], other=0.0)
-            bv = tl.load(b_row + d[None, None, :] * stride_bd, mask=m[:, :, None] & dm[None, None, :], other=0.0)
-            acc += tl.sum(av.to(tl.float32)[:, None, :] * bv.to(tl.float32), axis=2)
+        if ONE_D:
+            bv = tl.load(b_row + dd[None, None, :] * stride_bd, mask=m[:, :, None] & (dd < D)[None, None, :], other=0.0)
+            acc = tl.sum(a_all * bv.to(tl.float32), axis=2)
+        else:
+            acc = tl.zeros((R, BNNZ), dtype=tl.float32)
+            for d0 in range(0, D, BD):
+                d = d0 + dd
+                dm = d < D
+                av = tl.load(a_row + d[None, :] * stride_ad, mask=rvalid[:, None] & dm[None, :], other=0.0)
+                bv = tl.load(b_row + d[None, None, :] * stride_bd, mask=m[:, :, None] & dm[None, None, :], other=0.0)
+                acc += tl.sum(av.to(tl.float32)[:, None, :] * bv.to(tl.float32), axis=2)
         tl.store(out_ptr + off, (acc * scale).to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -183,7 +190,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, pattern: CSR | BlockSparse, config:
         grid = (triton.cdiv(M, config.block_m),)
         _sddmm_gather_kernel[grid](
             pattern.crow, pattern.col, pattern.row_order, a, b, out, M, D, *strides, scale,
-            R=config.block_m, BNNZ=config.block_n, BD=config.block_d,
+            R=config.block_m, BNNZ=config.block_n, BD=config.block_d, ONE_D=D <= config.block_d,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
     elif config.path == "dense":
@@ -229,11 +236,10 @@ def space(problem: Problem) -> list[Config]:
                 out.append(Config("block", bm, bk, bd, per_program=g, num_warps=w, num_stages=2))
         return out
     nnz_cap = max(16, _pow2(int(problem.stats.items_mean)))
-    gbd = min(bd, 64)
-    for r, bnnz in ((1, 64), (1, 128), (2, 32), (2, 64), (4, 16), (4, 32), (8, 16)):
-        tile = r * bnnz * gbd
+    for r, bnnz in ((1, 64), (1, 128), (2, 32), (2, 64), (4, 16), (4, 32), (8, 16), (1, 32), (2, 16)):
+        tile = r * bnnz * bd
         if bnnz <= nnz_cap and tile <= 8192:
-            out.append(Config("gather", r, bnnz, gbd, num_warps=4 if tile <= 4096 else 8))
+            out.append(Config("gather", r, bnnz, bd, num_warps=4 if tile <= 4096 else 8))
     for bm, bn, ct, w in ((64, 64, 1, 4), (64, 64, 8, 4), (64, 128, 4, 4), (128, 64, 4, 8),
                           (128, 128, 1, 8), (128, 128, 4, 8), (64, 32, 8, 4)):
         out.append(Config("dense", bm, bn, bd, per_program=ct, num_warps=w, num_stages=2))

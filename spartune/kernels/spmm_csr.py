@@ -1,6 +1,6 @@
 """SpMM with an unstructured CSR weight, in PyTorch's linear layout: out = act(scale * x @ A^T + bias) + residual.
 
-Two paths, chosen by `Config.path` (the tuner decides, never this file):
+Three paths, chosen by `Config.path` (the tuner decides, never this file):
 
 * ``"row"`` — Sputnik on CUDA cores. A program owns `block_m` sparse rows, taken in
   `A.row_order` (longest first: heavy rows start early and the rows of one program have
@@ -8,18 +8,28 @@ Two paths, chosen by `Config.path` (the tuner decides, never this file):
   at a time: one vector load of column indices (int16) and values, a (rows, tokens, nonzeros)
   gather of x, a multiply-reduce. Every nonzero is read once per token strip, so for decode
   (N <= 32: one strip) the kernel streams the values and indices once. Its weakness is the
-  gather of x: nnz x N elements through L1/L2, hopeless for prefill.
+  gather of x: nnz x N elements through L1/L2, hopeless for prefill. In the linear layout the
+  tokens of one column of x are K apart, so every (nonzero, token) pair is its own scalar load
+  (~14 SASS instructions per pair); with tokens adjacent (spmm's X^T, or ``"row_t"``) they are
+  16-byte vector loads and a pair costs ~4.5 instructions.
+
+* ``"row_t"`` — the row path on a token-contiguous copy of x made first (one extra copy
+  kernel of N x K elements: cheap for decode, where it makes the row path ~3x cheaper).
 
 * ``"dense"`` — "load as sparse, compute as dense" (Flash-LLM) on tensor cores. A program owns
   `block_m` rows x `block_n` tokens and walks K in chunks of `block_k`. The rows' nonzeros of a
   chunk are expanded into a dense (block_m, block_k) tile in registers from a per-row bitmap
   (bit j of word w of row r is set when column 32w+j is stored; built once per CSR object and
   memoised on it): the position of element (r, j) in `values` is the row's running offset plus
-  an inclusive prefix sum of the bits, so the expansion is a masked gather of the values that
-  are really there, and `tl.dot` multiplies the tile with the x chunk, loaded once and shared
-  by all block_m rows. DRAM traffic of the weight: values + 1 bit per element (no column
-  indices). Expansion costs ~a dozen ALU ops per dense element of the tile, amortised over
-  block_n tokens.
+  popc of the word's bits up to j, so the expansion is a masked gather of the values that are
+  really there, and `tl.dot` multiplies the tile with the x chunk, loaded once and shared by
+  all block_m rows. The gather of chunk i+1 is issued before the dot of chunk i. DRAM traffic
+  of the weight: values + 1 bit per element (no column indices). Expansion costs ~14 SASS
+  instructions per dense element of the tile (sm_90), amortised over block_n tokens: at
+  block_n = 256 that is below the MMA time of the chunk, so prefill runs near dense speed;
+  decode (one token tile) is bound by it. `split_k` > 1 splits K over programs (decode: enough
+  programs in flight); partial sums meet in an fp32 workspace and the last program of a tile
+  applies the epilogue.
 
 Every output element is written: a row without nonzeros gets act(bias) + residual.
 """
@@ -38,7 +48,7 @@ from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
 from ._epilogue import ACTIVATION_CODES, epilogue
 
-PATHS = ("row", "dense")
+PATHS = ("row", "row_t", "dense")
 _ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 # ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
 # (2 per instruction, as an FMA counts 2): ~14 SASS instructions per element on sm_90 (bit test,
@@ -48,7 +58,7 @@ EXPAND_FLOPS_PER_ELEMENT = 28.0
 
 @dataclass(frozen=True)
 class Config:
-    path: str  # "row" | "dense"
+    path: str  # "row" | "row_t" (row on a token-contiguous copy of x) | "dense"
     block_m: int  # row: sparse rows per program; dense: rows of the output tile
     block_n: int  # tokens per program
     block_k: int  # row: nonzeros per step of a row; dense: K chunk (multiple of 32)
@@ -116,7 +126,8 @@ def _spmm_row_kernel(
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + toks[None, :, None] * stride_xn  # (1, BN, 1)
-    acc = tl.zeros((R, BN), dtype=tl.float32)
+    # products are summed per lane and reduced once at the end: no shuffles in the loop
+    acc3 = tl.zeros((R, BN, BNNZ), dtype=tl.float32)
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
         j = s + tl.arange(0, BNNZ)
@@ -125,7 +136,8 @@ def _spmm_row_kernel(
         c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
         v = tl.load(val_ptr + off, mask=m, other=0.0).to(tl.float32)
         xv = tl.load(x_tok + c[:, None, :] * stride_xk, mask=m[:, None, :] & tvalid[None, :, None], other=0.0)
-        acc += tl.sum(xv.to(tl.float32) * v[:, None, :], axis=2)
+        acc3 += xv.to(tl.float32) * v[:, None, :]
+    acc = tl.sum(acc3, axis=2)
     omask = rvalid[:, None] & tvalid[None, :]
     acc = epilogue(acc, rows[:, None], rvalid[:, None], toks[None, :] * stride_rn + rows[:, None] * stride_rm,
                    omask, scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
@@ -283,7 +295,9 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     res_t = residual if has_res else out
     srn, srm = (residual.stride(0), residual.stride(1)) if has_res else (0, 0)
     scale = float(scale)
-    if config.path == "row":
+    if config.path in ("row", "row_t"):
+        if config.path == "row_t" and x.stride(0) != 1 and N > 1:
+            x = x.t().contiguous().t()  # (N, K) with tokens adjacent: the gather becomes vector loads
         grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n))
         _spmm_row_kernel[grid](
             A.crow, A.col, A.values, A.row_order, x, out, bias_t, res_t,
@@ -330,17 +344,21 @@ def space(problem: Problem) -> list[Config]:
     # steps longer than the typical row waste lanes; tiles of 1-8K elements keep registers sane
     nnz_cap = max(32, _pow2(int(problem.stats.items_mean)))
     bns = {min(_pow2(n), 32)} | ({8} if n > 8 else set()) | ({64} if n > 64 else set())
-    for bn in sorted(bns):
-        picked = 0
-        for r, bnnz in ((1, 512), (2, 256), (4, 128), (8, 64), (4, 256), (16, 64), (8, 128),
-                        (2, 128), (4, 64), (16, 32), (32, 32), (1, 128)):
-            tile = r * bn * bnnz
-            if bnnz > nnz_cap or not 1024 <= tile <= 8192 or picked >= 5:
+    paths = ["row"] + (["row_t"] if 1 < n <= 64 and problem.op != "spmm" else [])
+    for path in paths:
+        for bn in sorted(bns):
+            if path == "row_t" and bn < 16 and n >= 16:
                 continue
-            out.append(Config("row", r, bn, bnnz, num_warps=4 if tile <= 4096 else 8, num_stages=2))
-            picked += 1
-        if not picked:
-            out.append(Config("row", 4, bn, 64, num_warps=4, num_stages=2))
+            picked = 0
+            for r, bnnz in ((1, 512), (2, 256), (4, 128), (8, 64), (4, 256), (16, 64), (8, 128),
+                            (2, 128), (4, 64), (16, 32), (32, 32), (1, 128)):
+                tile = r * bn * bnnz
+                if bnnz > nnz_cap or not 1024 <= tile <= 8192 or picked >= (5 if path == "row" else 3):
+                    continue
+                out.append(Config(path, r, bn, bnnz, num_warps=4 if tile <= 4096 else 8, num_stages=2))
+                picked += 1
+            if not picked:
+                out.append(Config(path, 4, bn, 64, num_warps=4, num_stages=2))
     # --- dense path: tensor cores -----------------------------------------------------------
     if n <= 32:
         # decode: few tiles, so K is split until ~4 programs per SM are in flight
@@ -373,26 +391,31 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     epi_bytes = (M * s if epi.bias else 0) + (N * M * s if epi.residual else 0)
     y_bytes = N * M * s
     x_bytes = N * K * s
-    if config.path == "row":
+    if config.path in ("row", "row_t"):
         r, bn, bnnz = config.block_m, config.block_n, config.block_k
         strips = -(-N // bn)
         programs = -(-M // r) * strips
         # x gather: a token-contiguous x (spmm's X^T) moves useful bytes; the linear layout pays
         # about one sector per gathered element when nonzeros are sparse along K
-        per_elem = s if problem.op == "spmm" else min(32.0, s / max(st.density, 1e-6))
+        adjacent = problem.op == "spmm" or config.path == "row_t" or N == 1
+        per_elem = s if adjacent else min(32.0, s / max(st.density, 1e-6))
         gather = nnz * strips * bn * per_elem
+        copy = 2 * x_bytes if config.path == "row_t" else 0
         stream = nnz * (s + idx) + 12 * M
         steps_max = -(-st.items_max // bnnz)
         # a program runs as long as its longest row; rows are sorted, so about the mean
         steps_mean = max(0.0, math.ceil((st.items_mean * (1 + 0.5 * st.items_cv / max(1, r) ** 0.5)) / bnnz))
         return KernelFeatures(
             programs=programs, tiles=programs, mma_flops=0.0,
-            fma_flops=2.0 * nnz * strips * bn,
-            dram_bytes=float(stream + x_bytes + y_bytes + epi_bytes),
-            l2_bytes=float(stream * strips + gather + y_bytes + epi_bytes),
+            # in flop-equivalents (2 per instruction): ~4.5 SASS instructions per (nonzero, token)
+            # with vector loads of x, ~14 without
+            fma_flops=2.0 * nnz * strips * bn * (4.5 if adjacent else 14.0),
+            dram_bytes=float(stream + x_bytes + y_bytes + epi_bytes + copy),
+            l2_bytes=float(stream * strips + gather + y_bytes + epi_bytes + copy),
             steps_max=int(steps_max), steps_mean=float(steps_mean),
             smem_bytes=r * bn * 4, num_warps=config.num_warps, num_stages=config.num_stages,
-            regs_per_thread=min(255, 40 + 3 * r * bn * bnnz // (32 * config.num_warps)),
+            regs_per_thread=min(255, max(48, 32 + r * bn * bnnz // (32 * config.num_warps))),
+            launches=2 if config.path == "row_t" and N > 1 else 1,
         )
     bm, bn, bk, split = config.block_m, config.block_n, config.block_k, config.split_k
     tm, tn, tk = -(-M // bm), -(-N // bn), -(-K // bk)
@@ -400,7 +423,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     steps = -(-tk // split)
     reduce = 3 * 4 * tm * bm * tn * bn * split if split > 1 else 0  # fp32 atomics + read-back + reset
     threads = 32 * config.num_warps
-    regs = min(255, 48 + (bm * bn + 4 * bm * bk) // threads)
+    regs = min(255, 40 + (bm * bn + 2 * bm * bk) // threads)  # fits ptxas's counts on sm_90 within ~10%
     bitmap = M * (-(-K // 32)) * 4
     w_bytes = nnz * s + bitmap + 4 * M
     return KernelFeatures(

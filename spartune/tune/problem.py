@@ -36,6 +36,7 @@ class Problem:
     stats: FormatStats
     epilogue: Epilogue = Epilogue()
     device: str = ""  # device name + capability; filled in by the dispatch point
+    layout: str = "linear"  # "linear": x (N, K) K-contiguous; "spmm": x = X.T, tokens contiguous
 
     def key(self) -> tuple:
         """The DB key: shapes exact except N (bucketed), sparsity statistics bucketed."""
@@ -50,6 +51,7 @@ class Problem:
             round(self.stats.density, 2),
             round(min(self.stats.items_cv, 4.0), 1),
             self.device,
+            self.layout,
         )
 
 

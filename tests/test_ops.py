@@ -1,0 +1,447 @@
+"""The public ops through the one dispatch point (spartune.ops), under Triton's interpreter.
+
+linear / spmm / sddmm / sparse_softmax on every format against the float64 reference, fp32 and
+fp16, with each backend forced in turn (our kernel family, the dense library fallback) and with
+the CPU's own model-mode tuner; every epilogue, batched and strided x, out_dtype; outputs
+allocated by torch.empty are poisoned with NaN so an element a kernel forgets shows up; the
+choice is cached beside the weight (the tuner is not called again); bad inputs raise clear
+errors before any kernel runs.
+"""
+import gc
+
+import pytest
+import torch
+
+import spartune as st
+from spartune import backends, ops
+from spartune import reference as ref
+from spartune.kernels import sddmm as sddmm_kernels
+from spartune.kernels import sparse_softmax as softmax_kernels
+from spartune.kernels import spmm_blocked, spmm_csr
+from spartune.tune.model import H100
+from spartune.tune.tuner import Tuner
+from helpers import block_weight, random_weight, rel_err
+
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+M, K = 40, 64  # M not a multiple of the 16-row units: partial block-rows and groups
+FORMATS = ("csr", "block", "shfl", "2:4", "16:2:8")
+OURS = {"csr": "csr", "block": "blocked", "shfl": "blocked"}  # formats with a kernel family of ours
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def make_format(kind, dtype=torch.float32, m=M, k=K, seed=0):
+    """A small weight of `kind` whose first 16 rows are empty (an empty CSR row, block-row and
+    Shfl-BW group: the kernels must still write act(bias) + residual there)."""
+    g = _gen(seed)
+    if kind == "block":
+        w = block_weight(m, k, 16, 32, 0.5, gen=g)
+    else:
+        w = random_weight(m, k, 0.35, gen=g)
+    w[:16] = 0
+    w = w.to(dtype)
+    if kind == "csr":
+        return st.CSR.from_dense(w)
+    if kind == "block":
+        return st.BlockSparse.from_dense(w, (16, 32))
+    if kind == "shfl":
+        perm = torch.cat([torch.arange(16), 16 + torch.randperm(m - 16, generator=g)]).to(torch.int32)
+        return st.ShuffledBlock.from_dense(w, 16, perm=perm)
+    return st.sparsify_weight(torch.randn(m, k, generator=g).to(dtype), kind)
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def fresh_dispatch(monkeypatch):
+    """Every test starts with no tuner and no cached choices, and leaves none behind."""
+    monkeypatch.setattr(ops, "_tuner", None)
+    ops._choices.clear()
+    yield
+    ops._choices.clear()
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty(monkeypatch):
+    """torch.empty / empty_like return NaN-filled floating tensors: an output element that no
+    kernel writes stays NaN."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_like(*a, **k)))
+
+
+def force(monkeypatch, backend):
+    """Install a tuner that measures everything with a fake clock on which `backend` is fastest;
+    among its configs the model's order decides. Returns the tuner."""
+    tuner = Tuner(None, H100, measurer=lambda c: 1e-6 if c.backend == backend else 1e-3, mode="exhaustive")
+    monkeypatch.setattr(ops, "_tuner", tuner)
+    return tuner
+
+
+def chosen_backends(tuner):
+    return {c.backend for c in tuner._memo.values()}
+
+
+def backend_for(kind, which):
+    return OURS[kind] if which == "ours" else "dense"
+
+
+def check_close(out, expect, dtype, tol=None):
+    assert not torch.isnan(out).any(), "an output element was never written"
+    assert rel_err(out, expect) <= (tol or TOL[dtype]), rel_err(out, expect)
+
+
+CASES = [(k, b) for k in FORMATS for b in (("ours", "dense") if k in OURS else ("dense",))]
+
+
+# --- linear ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("kind,which", CASES)
+def test_linear_each_format_and_backend(monkeypatch, kind, which, dtype):
+    A = make_format(kind, dtype)
+    tuner = force(monkeypatch, backend_for(kind, which))
+    x = torch.randn(7, K, generator=_gen(1)).to(dtype)
+    y = st.linear(x, A)
+    assert y.shape == (7, M) and y.dtype == dtype
+    assert chosen_backends(tuner) == {backend_for(kind, which)}
+    check_close(y, ref.linear(x, A), dtype)
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_linear_with_the_default_cpu_tuner(kind):
+    A = make_format(kind, torch.float16)
+    x = torch.randn(5, K, generator=_gen(1)).half()
+    bias = torch.randn(M, generator=_gen(2)).half()
+    y = st.linear(x, A, bias, "relu")
+    check_close(y, ref.linear(x, A, bias, "relu"), torch.float16)
+    assert ops.get_tuner().mode == "model"  # no GPU: ranking by the cost model only
+
+
+EPILOGUES = {
+    "bias": dict(bias=True),
+    "relu": dict(activation="relu"),
+    "gelu": dict(activation="gelu"),
+    "gelu_tanh": dict(activation="gelu_tanh"),
+    "silu": dict(activation="silu"),
+    "residual": dict(residual=True),
+    "scale": dict(scale=0.37),
+    "all": dict(bias=True, activation="silu", residual=True, scale=-1.5),
+}
+
+
+@pytest.mark.parametrize("epi", list(EPILOGUES))
+@pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("shfl", "ours"), ("csr", "dense")])
+def test_linear_epilogues(monkeypatch, kind, which, epi):
+    dtype = torch.float32
+    A = make_format(kind, dtype)
+    tuner = force(monkeypatch, backend_for(kind, which))
+    e = EPILOGUES[epi]
+    g = _gen(3)
+    x = torch.randn(6, K, generator=g)
+    bias = torch.randn(M, generator=g) if e.get("bias") else None
+    res = torch.randn(6, M, generator=g) if e.get("residual") else None
+    act, scale = e.get("activation"), e.get("scale", 1.0)
+    y = st.linear(x, A, bias, act, res, scale=scale)
+    assert chosen_backends(tuner) == {backend_for(kind, which)}
+    check_close(y, ref.linear(x, A, bias, act, res, scale), dtype)
+
+
+@pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("shfl", "ours"), ("2:4", "dense")])
+def test_linear_batched_x(monkeypatch, kind, which):
+    A = make_format(kind)
+    force(monkeypatch, backend_for(kind, which))
+    g = _gen(4)
+    x = torch.randn(2, 3, K, generator=g)
+    bias, res = torch.randn(M, generator=g), torch.randn(2, 3, M, generator=g)
+    y = st.linear(x, A, bias, "gelu", res)
+    assert y.shape == (2, 3, M)
+    check_close(y, ref.linear(x, A, bias, "gelu", res), torch.float32)
+    x1 = torch.randn(K, generator=g)  # a single vector, as F.linear allows
+    y1 = st.linear(x1, A)
+    assert y1.shape == (M,)
+    check_close(y1, ref.linear(x1, A), torch.float32)
+
+
+def _strided_xs(g):
+    wide = torch.randn(5, 2 * K, generator=g)
+    return {
+        "row-padded": wide[:, :K],  # rows 2K apart
+        "every-other": wide[:, ::2],  # stride 2 along K
+        "transposed": torch.randn(K, 5, generator=g).T,  # spmm's layout: x = X.T
+        "3d-permuted": torch.randn(3, 2, K, generator=g).transpose(0, 1),  # reshape must copy
+    }
+
+
+@pytest.mark.parametrize("layout", ["row-padded", "every-other", "transposed", "3d-permuted"])
+@pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("shfl", "ours"), ("block", "dense")])
+def test_linear_strided_x(monkeypatch, kind, which, layout):
+    A = make_format(kind)
+    force(monkeypatch, backend_for(kind, which))
+    x = _strided_xs(_gen(5))[layout]
+    assert not x.is_contiguous()
+    res = torch.randn(*x.shape[:-1], M, generator=_gen(6)).transpose(0, -1).contiguous().transpose(0, -1)
+    y = st.linear(x, A, residual=res)
+    check_close(y, ref.linear(x, A, residual=res), torch.float32)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("csr", "dense")])
+def test_linear_out_dtype(monkeypatch, kind, which, dtype, out_dtype):
+    A = make_format(kind, dtype)
+    force(monkeypatch, backend_for(kind, which))
+    x = torch.randn(4, K, generator=_gen(7)).to(dtype)
+    bias = torch.randn(M, generator=_gen(8)).to(dtype)
+    y = st.linear(x, A, bias, out_dtype=out_dtype)
+    assert y.dtype == out_dtype
+    check_close(y, ref.linear(x, A, bias), dtype, tol=max(TOL[dtype], TOL[out_dtype]))
+
+
+def test_linear_empty_batch():
+    A = make_format("csr")
+    y = st.linear(torch.randn(0, K), A, torch.randn(M))
+    assert y.shape == (0, M)
+
+
+# --- spmm --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("kind,which", CASES)
+def test_spmm_each_format_and_backend(monkeypatch, kind, which, dtype):
+    A = make_format(kind, dtype)
+    tuner = force(monkeypatch, backend_for(kind, which))
+    g = _gen(9)
+    X = torch.randn(K, 9, generator=g).to(dtype)
+    Y = st.spmm(A, X)
+    assert Y.shape == (M, 9) and Y.dtype == dtype and Y.is_contiguous()
+    assert chosen_backends(tuner) == {backend_for(kind, which)}
+    check_close(Y, ref.spmm(A, X), dtype)
+    Xt = torch.randn(9, K, generator=g).to(dtype).T  # a transposed view (the row-major x of linear)
+    check_close(st.spmm(A, Xt, out_dtype=torch.float32), ref.spmm(A, Xt), dtype)
+
+
+# --- sddmm -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("kind,which", [("csr", "sddmm"), ("block", "sddmm"), ("csr", "dense"), ("block", "dense")])
+def test_sddmm(monkeypatch, kind, which, dtype):
+    pattern = make_format(kind, dtype)
+    tuner = force(monkeypatch, which)
+    g = _gen(10)
+    a = torch.randn(M, 2 * 24, generator=g).to(dtype)[:, ::2]  # strided a
+    b = torch.randn(K, 24, generator=g).to(dtype)
+    out = st.sddmm(a, b, pattern, scale=0.125)
+    assert type(out) is type(pattern) and out.shape == pattern.shape and out.dtype == dtype
+    assert torch.equal(out.mask(), pattern.mask())
+    assert chosen_backends(tuner) == {which}
+    assert not torch.isnan(out.values).any()
+    check_close(out.to_dense(), ref.sddmm(a, b, pattern, 0.125), dtype)
+
+
+# --- sparse softmax ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("kind,which", [("csr", "softmax"), ("block", "softmax"), ("csr", "dense"), ("block", "dense")])
+def test_sparse_softmax(monkeypatch, kind, which, dtype):
+    A = make_format(kind, dtype)  # rows 0..15 are empty: they stay empty
+    tuner = force(monkeypatch, which)
+    out = st.sparse_softmax(A, scale=0.7)
+    assert type(out) is type(A) and out.dtype == dtype and torch.equal(out.mask(), A.mask())
+    assert chosen_backends(tuner) == {which}
+    assert not torch.isnan(out.values).any()
+    expect = ref.sparse_softmax(A, 0.7)
+    check_close(out.to_dense(), expect, dtype)
+    rows = out.to_dense().double().sum(1)
+    assert torch.allclose(rows[16:], torch.ones(M - 16, dtype=torch.float64), atol=1e-2)
+
+
+# --- the choice is cached beside the weight ----------------------------------------------------
+def _count_tuning(monkeypatch):
+    calls = []
+    real_tune, tuner = ops._tune, ops.get_tuner()
+    real_pick = tuner.pick
+
+    def tune(*a, **k):
+        calls.append("tune")
+        return real_tune(*a, **k)
+
+    def pick(*a, **k):
+        calls.append("pick")
+        return real_pick(*a, **k)
+
+    monkeypatch.setattr(ops, "_tune", tune)
+    monkeypatch.setattr(tuner, "pick", pick)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["csr", "block", "shfl", "2:4"])
+def test_linear_choice_is_cached(monkeypatch, kind):
+    A = make_format(kind)
+    calls = _count_tuning(monkeypatch)
+    g = _gen(11)
+    bias = torch.randn(M, generator=g)
+    st.linear(torch.randn(5, K, generator=g), A, bias, "relu")
+    assert calls == ["tune", "pick"]
+    for _ in range(2):  # new inputs, same shapes: no tuning, and the launch uses the new tensors
+        x, bias = torch.randn(5, K, generator=g), torch.randn(M, generator=g)
+        check_close(st.linear(x, A, bias, "relu"), ref.linear(x, A, bias, "relu"), torch.float32)
+    assert calls == ["tune", "pick"]
+    st.linear(torch.randn(5, K, generator=g), A)  # another epilogue: another choice
+    assert calls.count("tune") == 2
+    st.linear(torch.randn(6, K, generator=g), A, bias, "relu")  # another N: another choice
+    assert calls.count("tune") == 3
+
+
+def test_prepare_tunes_ahead_of_the_first_call(monkeypatch):
+    A = make_format("block")
+    st.prepare(A, 6, bias=True, activation="gelu")
+    calls = _count_tuning(monkeypatch)
+    x, bias = torch.randn(6, K, generator=_gen(12)), torch.randn(M, generator=_gen(13))
+    check_close(st.linear(x, A, bias, "gelu"), ref.linear(x, A, bias, "gelu"), torch.float32)
+    assert calls == []
+
+
+def test_sddmm_and_softmax_choices_are_cached(monkeypatch):
+    pattern = make_format("csr")
+    calls = _count_tuning(monkeypatch)
+    g = _gen(14)
+    for _ in range(3):
+        a, b = torch.randn(M, 16, generator=g), torch.randn(K, 16, generator=g)
+        check_close(st.sddmm(a, b, pattern).to_dense(), ref.sddmm(a, b, pattern), torch.float32)
+    for _ in range(3):
+        check_close(st.sparse_softmax(pattern).to_dense(), ref.sparse_softmax(pattern), torch.float32)
+    assert calls == ["tune", "pick", "tune", "pick"]
+
+
+def test_cached_choices_are_dropped_with_the_weight():
+    A = make_format("csr")
+    st.linear(torch.randn(3, K), A)
+    assert len(ops._choices) == 1
+    del A
+    gc.collect()
+    assert len(ops._choices) == 0
+
+
+def test_set_mode_forgets_choices_and_rejects_unknown_modes(monkeypatch):
+    monkeypatch.setattr(ops, "_mode", ops._mode)
+    A = make_format("block")
+    st.linear(torch.randn(3, K), A)
+    ops.set_mode("model")
+    assert len(ops._choices) == 0 and ops._tuner is None
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ops.set_mode("fastest")
+
+
+# --- bad inputs: clear errors before any kernel runs ----------------------------------------------
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """Any kernel launch, library backend or tuning fails the test."""
+
+    def boom(*a, **k):
+        raise AssertionError("a kernel or the tuner ran before the inputs were checked")
+
+    for mod in (spmm_blocked, spmm_csr, sddmm_kernels, softmax_kernels):
+        monkeypatch.setattr(mod, "launch", boom)
+    for name in ("dense_linear", "cusparse_linear", "cusparselt_linear"):
+        monkeypatch.setattr(backends, name, boom)
+    for name in ("_dense_sddmm", "_dense_softmax", "_tune"):
+        monkeypatch.setattr(ops, name, boom)
+
+
+A32 = make_format("csr")
+A16 = make_format("csr", torch.float16)
+NM32 = make_format("2:4")
+x32 = torch.randn(5, K)
+
+BAD_LINEAR = {
+    "x last dim": (lambda: st.linear(torch.randn(5, K + 1), A32), ValueError, "last dimension 64"),
+    "x 0-d": (lambda: st.linear(torch.tensor(1.0), A32), ValueError, "last dimension"),
+    "x dtype": (lambda: st.linear(x32.half(), A32), TypeError, "dtype torch.float16 but the weight is torch.float32"),
+    "x int": (lambda: st.linear(x32.long(), A32), TypeError, "dtype"),
+    "x not a tensor": (lambda: st.linear(x32.tolist(), A32), TypeError, "x must be a torch.Tensor"),
+    "x sparse": (lambda: st.linear(x32.to_sparse(), A32), TypeError, "dense"),
+    "x device": (lambda: st.linear(torch.empty(5, K, device="meta"), A32), ValueError, "move one of them"),
+    "bias length": (lambda: st.linear(x32, A32, torch.randn(M + 1)), ValueError, "bias must have last dimension 40"),
+    "bias 2-D": (lambda: st.linear(x32, A32, torch.randn(1, M)), ValueError, "bias must be 1-D"),
+    "bias not a tensor": (lambda: st.linear(x32, A32, 1.0), TypeError, "bias must be a torch.Tensor"),
+    "residual shape": (lambda: st.linear(x32, A32, residual=torch.randn(5, M + 1)), ValueError, "residual must have shape"),
+    "residual lead": (lambda: st.linear(x32.reshape(5, 1, K), A32, residual=torch.randn(5, M)), ValueError, "residual"),
+    "activation": (lambda: st.linear(x32, A32, activation="tanh"), ValueError, "activation must be one of"),
+    "A dense tensor": (lambda: st.linear(x32, torch.randn(M, K)), TypeError, "A must be a spartune format"),
+    "out_dtype int": (lambda: st.linear(x32, A32, out_dtype=torch.int32), TypeError, "out_dtype"),
+    "out_dtype fp64": (lambda: st.linear(x32, A32, out_dtype=torch.float64), TypeError, "out_dtype"),
+    "out_dtype str": (lambda: st.linear(x32, A32, out_dtype="float16"), TypeError, "out_dtype"),
+    "NM x dtype": (lambda: st.linear(x32.half(), NM32), TypeError, "dtype"),
+}
+
+BAD_OTHERS = {
+    "spmm rows": (lambda: st.spmm(A32, torch.randn(K + 2, 3)), ValueError, "X must have 64 rows"),
+    "spmm 3-D": (lambda: st.spmm(A32, torch.randn(2, K, 3)), ValueError, "X must be 2-D"),
+    "spmm dtype": (lambda: st.spmm(A16, torch.randn(K, 3)), TypeError, "dtype"),
+    "spmm A": (lambda: st.spmm(torch.randn(M, K), torch.randn(K, 3)), TypeError, "A must be a spartune format"),
+    "spmm out_dtype": (lambda: st.spmm(A32, torch.randn(K, 3), out_dtype=torch.int8), TypeError, "out_dtype"),
+    "sddmm a rows": (lambda: st.sddmm(torch.randn(M + 1, 8), torch.randn(K, 8), A32), ValueError, "sddmm needs"),
+    "sddmm b rows": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K - 1, 8), A32), ValueError, "sddmm needs"),
+    "sddmm D": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K, 9), A32), ValueError, "sddmm needs"),
+    "sddmm a 1-D": (lambda: st.sddmm(torch.randn(M), torch.randn(K, 8), A32), ValueError, "a must be 2-D"),
+    "sddmm b dtype": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K, 8).half(), A32), TypeError, "dtype"),
+    "sddmm int": (lambda: st.sddmm(torch.ones(M, 8, dtype=torch.long), torch.ones(K, 8, dtype=torch.long), A32),
+                  TypeError, "float16, bfloat16 or float32"),
+    "sddmm pattern NM": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K, 8), NM32), TypeError, "CSR or BlockSparse"),
+    "sddmm pattern dense": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K, 8), torch.ones(M, K)), TypeError,
+                            "CSR or BlockSparse"),
+    "softmax NM": (lambda: st.sparse_softmax(NM32), TypeError, "CSR or BlockSparse"),
+    "softmax dense": (lambda: st.sparse_softmax(torch.randn(M, K)), TypeError, "CSR or BlockSparse"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LINEAR))
+def test_linear_rejects_bad_inputs(no_kernels, case):
+    call, exc, match = BAD_LINEAR[case]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("case", list(BAD_OTHERS))
+def test_other_ops_reject_bad_inputs(no_kernels, case):
+    call, exc, match = BAD_OTHERS[case]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_float64_weight_is_rejected_before_any_kernel(monkeypatch):
+    """Formats accept float64 values, the kernels and the cost model do not: an error naming the
+    dtype, raised before anything runs."""
+
+    def boom(*a, **k):
+        raise AssertionError("a kernel ran")
+
+    for mod in (spmm_blocked, spmm_csr, softmax_kernels):
+        monkeypatch.setattr(mod, "launch", boom)
+    monkeypatch.setattr(backends, "dense_linear", boom)
+    monkeypatch.setattr(ops, "_dense_softmax", boom)
+    A64 = make_format("csr", torch.float64)
+    with pytest.raises((TypeError, ValueError), match="float64"):
+        st.linear(torch.randn(3, K, dtype=torch.float64), A64)
+    with pytest.raises((TypeError, ValueError), match="float64"):
+        st.sparse_softmax(A64)
+
+
+@pytest.mark.parametrize("kind", ["2:4", "csr"])
+def test_bias_of_another_dtype_is_consistent(monkeypatch, kind):
+    """Either rejected up front (a TypeError naming bias) or accepted by every backend alike."""
+    A = make_format(kind, torch.float16)
+    tuner = force(monkeypatch, "dense")
+    x = torch.randn(4, K, generator=_gen(15)).half()
+    bias = torch.randn(M, generator=_gen(16))  # float32 with an fp16 weight
+    try:
+        y = st.linear(x, A, bias)
+    except TypeError as e:
+        assert "bias" in str(e)
+        return
+    assert chosen_backends(tuner) == {"dense"}
+    check_close(y, ref.linear(x, A, bias), torch.float16)
