@@ -69,6 +69,18 @@ def _device_name(device: torch.device) -> str:
 
 
 # --- input checks ------------------------------------------------------------------------------
+_meta: "weakref.WeakKeyDictionary[SparseFormat, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _weight_meta(A, op):
+    """(dtype, device, M, K) of a checked weight, remembered: the hot path reads it per call."""
+    meta = _meta.get(A) if isinstance(A, SparseFormat) else None
+    if meta is None:
+        _check_format(A, op)
+        meta = _meta[A] = (A.dtype, A.device, *A.shape)
+    return meta
+
+
 def _check_format(A, op):
     if not isinstance(A, SparseFormat):
         raise TypeError(f"{op}: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
@@ -102,23 +114,24 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
 
     fp16/bf16 inputs accumulate in fp32; fp32 inputs run on the tensor cores as tf32.
     """
-    _check_format(A, "linear")
-    M, K = A.shape
-    _check_tensor("x", x, dtype=A.dtype, device=A.device, last=K)
+    dtype, device, M, K = _weight_meta(A, "linear")
+    _check_tensor("x", x, dtype=dtype, device=device, last=K)
     if bias is not None:
-        _check_tensor("bias", bias, device=A.device, dim=1, last=M)
+        _check_tensor("bias", bias, device=device, dim=1, last=M)
     if residual is not None:
-        _check_tensor("residual", residual, device=A.device)
-        if tuple(residual.shape) != (*x.shape[:-1], M):
+        _check_tensor("residual", residual, device=device)
+        if residual.shape[:-1] != x.shape[:-1] or residual.shape[-1] != M:
             raise ValueError(f"residual must have shape {(*x.shape[:-1], M)}, got {tuple(residual.shape)}")
-    check_activation(activation)
-    _check_out_dtype(out_dtype)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)  # a view whenever the leading dims allow one
-    out = torch.empty(x2.shape[0], M, dtype=out_dtype or x.dtype, device=x.device)
-    res2 = residual.reshape(-1, M) if residual is not None else None
+    if activation is not None:
+        check_activation(activation)
+    if out_dtype is not None:
+        _check_out_dtype(out_dtype)
+    flat = x.dim() == 2
+    x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
+    out = torch.empty((x2.shape[0], M), dtype=out_dtype or dtype, device=device)
+    res2 = residual if residual is None or flat else residual.reshape(-1, M)
     _run_linear(A, x2, out, bias, activation, res2, float(scale))
-    return out.reshape(*lead, M)
+    return out if flat else out.reshape(*x.shape[:-1], M)
 
 
 def spmm(A, X, *, out_dtype=None):
@@ -199,15 +212,14 @@ def _run(choice, ours, library):
 
 
 def _run_linear(A, x, out, bias, activation, residual, scale):
+    key = (x.shape[0], x.dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
+           x.stride(-1) == 1)
+    launch = _dispatch(A, key, lambda: _linear_launcher(_tune_linear(A, x, out, bias, activation, residual, scale), A))
+    launch(A, x, out, bias, activation, residual, scale)
+
+
+def _tune_linear(A, x, out, bias, activation, residual, scale):
     epi = dict(bias=bias, activation=activation, residual=residual, scale=scale)
-    layout = _layout(x)
-    key = ("linear", x.shape[0], x.dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
-           layout)
-    launch = _dispatch(A, key, lambda: _linear_launcher(_tune_linear(A, x, out, epi), A))
-    launch(A, x, out, epi)
-
-
-def _tune_linear(A, x, out, epi):
     family = LINEAR_FAMILIES[type(A)]
     ours = {} if family is None else {family[0]: (family[1], lambda cfg: family[1].launch(A, x, out, cfg, **epi))}
     library = {name: (lambda fn=fn: fn(A, x, out, **epi)) for name, fn in _library_linear(A).items()}
@@ -226,9 +238,10 @@ def _linear_launcher(choice, A):
     family = LINEAR_FAMILIES[type(A)]
     if family is not None and choice.backend == family[0]:
         launch, cfg = family[1].launch, choice.config
-        return lambda A, x, out, epi: launch(A, x, out, cfg, **epi)
+        return lambda A, x, out, bias, act, res, scale: launch(
+            A, x, out, cfg, bias=bias, activation=act, residual=res, scale=scale)
     fn = _library_linear(A)[choice.backend]
-    return lambda A, x, out, epi: fn(A, x, out, **epi)
+    return lambda A, x, out, bias, act, res, scale: fn(A, x, out, bias=bias, activation=act, residual=res, scale=scale)
 
 
 def _layout(x) -> str:
