@@ -70,6 +70,20 @@ def pointers_from_counts(counts: torch.Tensor) -> torch.Tensor:
     return ptr.to(torch.int32)
 
 
+def unit_of_items(ptr: torch.Tensor) -> torch.Tensor:
+    """For pointers (units + 1,), the unit of every item: the row of each nonzero, the
+    block-row of each block, the group of each kept column."""
+    return torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=ptr.device), (ptr[1:] - ptr[:-1]).long())
+
+
+def check_sorted_within_units(name: str, unit: torch.Tensor, idx: torch.Tensor, what: str) -> None:
+    """Indices strictly increasing inside every unit (canonical order, no duplicates)."""
+    c = idx.long()
+    bad = (unit[1:] == unit[:-1]) & (c[1:] <= c[:-1])
+    if bool(bad.any()):
+        raise ValueError(f"{name} must be strictly increasing within each {what}; {what} {int(unit[1:][bad][0])} is not")
+
+
 def check_dense_weight(w, name: str = "w") -> None:
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
@@ -226,5 +240,7 @@ __all__ = [
     "check_tensor",
     "index_dtype",
     "pointers_from_counts",
+    "unit_of_items",
+    "check_sorted_within_units",
     "stats_from_counts",
 ]

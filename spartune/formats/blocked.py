@@ -14,9 +14,11 @@ from ._base import (
     check_dense_weight,
     check_pointers,
     check_range,
+    check_sorted_within_units,
     check_tensor,
     pointers_from_counts,
     stats_from_counts,
+    unit_of_items,
 )
 
 
@@ -87,14 +89,8 @@ class BlockSparse(SparseFormat):
         check_tensor("col", self.col, dtypes=(torch.int32,), dim=1, shape=(nnzb,), device=dev)
         check_range("col", self.col, 0, self.block_cols)
         if nnzb:
-            row_of = self._block_row_of()
-            c = self.col.long()
-            bad = (row_of[1:] == row_of[:-1]) & (c[1:] <= c[:-1])
-            if bool(bad.any()):
-                raise ValueError(
-                    f"col must be strictly increasing within each block-row; block-row "
-                    f"{int(row_of[1:][bad][0].item())} is not"
-                )
+            row_of = unit_of_items(self.crow)
+            check_sorted_within_units("col", row_of, self.col, "block-row")
             # Padding must hold zeros, or to_dense would not be the matrix the kernels compute.
             pad_r, pad_c = self.block_rows * bm - rows, self.block_cols * bk - cols
             if pad_r and bool(self.values[row_of == self.block_rows - 1, bm - pad_r :].ne(0).any()):
@@ -105,13 +101,10 @@ class BlockSparse(SparseFormat):
     def blocks_per_row(self) -> torch.Tensor:
         return self.crow[1:] - self.crow[:-1]
 
-    def _block_row_of(self) -> torch.Tensor:
-        return torch.repeat_interleave(torch.arange(self.block_rows, device=self.values.device), self.blocks_per_row().long())
-
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         (rows, cols), (bm, bk) = self.shape, self.block
         tiles = torch.zeros(self.block_rows, self.block_cols, bm, bk, dtype=values.dtype, device=values.device)
-        tiles[self._block_row_of(), self.col.long()] = values
+        tiles[unit_of_items(self.crow), self.col.long()] = values
         dense = tiles.transpose(1, 2).reshape(self.block_rows * bm, self.block_cols * bk)
         return dense[:rows, :cols].contiguous()
 

@@ -11,10 +11,12 @@ from ._base import (
     check_dense_weight,
     check_pointers,
     check_range,
+    check_sorted_within_units,
     check_tensor,
     index_dtype,
     pointers_from_counts,
     stats_from_counts,
+    unit_of_items,
 )
 
 
@@ -68,14 +70,7 @@ class CSR(SparseFormat):
         ):
             raise ValueError("row_order must be a permutation of range(rows)")
         if nnz:
-            # Columns strictly increasing inside every row (no duplicates, canonical order).
-            row_of = torch.repeat_interleave(torch.arange(rows, device=dev), self.row_lengths().long())
-            c = self.col.long()
-            same_row = row_of[1:] == row_of[:-1]
-            bad = same_row & (c[1:] <= c[:-1])
-            if bool(bad.any()):
-                r = int(row_of[1:][bad][0].item())
-                raise ValueError(f"col must be strictly increasing within each row; row {r} is not")
+            check_sorted_within_units("col", unit_of_items(self.crow), self.col, "row")
 
     def row_lengths(self) -> torch.Tensor:
         return self.crow[1:] - self.crow[:-1]
@@ -83,8 +78,7 @@ class CSR(SparseFormat):
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         rows, cols = self.shape
         out = torch.zeros(rows, cols, dtype=values.dtype, device=values.device)
-        row_of = torch.repeat_interleave(torch.arange(rows, device=values.device), self.row_lengths().long())
-        out[row_of, self.col.long()] = values
+        out[unit_of_items(self.crow), self.col.long()] = values
         return out
 
     def _compute_stats(self) -> FormatStats:

@@ -19,10 +19,12 @@ from ._base import (
     check_dense_weight,
     check_pointers,
     check_range,
+    check_sorted_within_units,
     check_tensor,
     index_dtype,
     pointers_from_counts,
     stats_from_counts,
+    unit_of_items,
 )
 
 
@@ -88,11 +90,8 @@ class ShuffledBlock(SparseFormat):
         check_tensor("col", self.col, dtypes=(index_dtype(cols),), dim=1, shape=(total,), device=dev)
         check_range("col", self.col, 0, cols)
         if total:
-            grp = self._group_of()
-            c = self.col.long()
-            bad = (grp[1:] == grp[:-1]) & (c[1:] <= c[:-1])
-            if bool(bad.any()):
-                raise ValueError(f"col must be strictly increasing within each group; group {int(grp[1:][bad][0])} is not")
+            grp = unit_of_items(self.crow)
+            check_sorted_within_units("col", grp, self.col, "group")
             spare = self.groups * v - rows
             if spare and bool(self.values[v - spare :, grp == self.groups - 1].ne(0).any()):
                 raise ValueError("values of the last group's unused slots must be zero")
@@ -100,13 +99,10 @@ class ShuffledBlock(SparseFormat):
     def cols_per_group(self) -> torch.Tensor:
         return self.crow[1:] - self.crow[:-1]
 
-    def _group_of(self) -> torch.Tensor:
-        return torch.repeat_interleave(torch.arange(self.groups, device=self.values.device), self.cols_per_group().long())
-
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         rows, cols = self.shape
         grouped = torch.zeros(self.groups, self.v, cols, dtype=values.dtype, device=values.device)
-        grouped[self._group_of(), :, self.col.long()] = values.T
+        grouped[unit_of_items(self.crow), :, self.col.long()] = values.T
         out = torch.empty(rows, cols, dtype=values.dtype, device=values.device)
         out[self.perm.long()] = grouped.reshape(self.groups * self.v, cols)[:rows]
         return out
