@@ -4,10 +4,11 @@ __version__ = "0.1.0"
 from . import reference  # noqa: E402
 from .formats import CSR, NM, VNM, BlockSparse, FormatStats, ShuffledBlock, SparseFormat  # noqa: E402
 from .ops import linear, prepare, sddmm, sparse_softmax, spmm  # noqa: E402
+from .nn import SparseLinear, sparsify  # noqa: E402
 from .prune import PruneReport, parse_pattern, sparsify_weight  # noqa: E402
 
 __all__ = [
     "CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "SparseFormat", "FormatStats",
     "linear", "spmm", "sddmm", "sparse_softmax", "prepare",
-    "sparsify_weight", "parse_pattern", "PruneReport", "reference",
+    "sparsify_weight", "parse_pattern", "PruneReport", "reference", "SparseLinear", "sparsify",
 ]
