@@ -39,9 +39,15 @@ def _finish(acc, out, bias, activation, residual, scale):
 
 
 def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
-    """cuBLAS on the decompressed weight; bias fused by F.linear when it is the whole epilogue."""
+    """cuBLAS on the decompressed weight, writing straight into `out` when it can (bias through
+    addmm); other epilogues run as separate torch ops, as a user without spartune would."""
     w = dense_weight(A)
-    if activation is None and residual is None and scale == 1.0 and out.dtype == x.dtype:
+    plain = activation is None and residual is None and scale == 1.0 and out.dtype == x.dtype
+    if plain and out.is_contiguous():
+        if bias is None:
+            return torch.mm(x, w.t(), out=out)
+        return torch.addmm(bias.to(w.dtype), x, w.t(), out=out)
+    if plain:
         return out.copy_(F.linear(x, w, None if bias is None else bias.to(w.dtype)))
     return _finish(F.linear(x, w), out, bias, activation, residual, scale)
 
