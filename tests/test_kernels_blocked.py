@@ -69,6 +69,8 @@ def test_dense_and_empty_weights(name):
     assert empty.nnz == 0
     out = run(empty, x, cfg, bias=bias, activation="relu")
     assert torch.allclose(out, torch.relu(bias).expand(5, 30))
+    aligned = make(pattern, 32, 64, 0.0, torch.float32)  # TMA-eligible shapes, no stored block
+    assert torch.equal(run(aligned, torch.randn(4, 64), cfg), torch.zeros(4, 32))
 
 
 @pytest.mark.parametrize("name", ["block-ptr", "block-tma", "shfl"])

@@ -177,6 +177,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     bm, _ = _unit_shape(problem)
     s = problem.stats
     elt = 4 if problem.dtype == "float32" else 2
+    shuffled = problem.fmt.startswith("shfl")
     strips = triton.cdiv(problem.n, config.bn)
     tiles = s.units * strips
     # K steps per unit: blocks (BSR) or chunks of BK kept columns (Shfl-BW)
@@ -188,18 +189,44 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     a_bytes = s.units * s.items_mean * s.item_cols * bm * elt
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
+    # A is re-read once per token strip and x once per unit holding its columns (LOG.md: the
+    # x re-reads bound the block kernels), all through L2
+    a_l2 = steps_total * bm * config.bk * elt
+    x_l2 = steps_total * config.bk * config.bn * elt
+    if shuffled and problem.layout == "linear" and problem.n > 1:
+        # kept columns gathered from a K-contiguous x: tokens are K apart, so every element
+        # is its own 32-byte sector (LOG.md v1: ~20x slower than the spmm layout)
+        x_l2 *= 32 // elt
+    l2_bytes = a_l2 + x_l2 + y_bytes
+    threads = 32 * config.num_warps
+    # registers: the fp32 accumulator, ~40 for addresses and loop state, and for Shfl-BW the
+    # operands staged in registers (2-byte elements, two to a register)
+    regs = 40 + bm * config.bn // threads
+    stages = config.num_stages
+    if shuffled:
+        # Shfl-BW's operand loads are plain loads through registers, not cp.async / TMA tile
+        # copies (A's slices start at any kept column, so only 2-byte aligned; x's rows are
+        # gathered). They move through L2 at the plain-load rate calibrate() measures, 1/1.5 of
+        # the tile rate the cost model assumes (model.L2_TILE_SPEEDUP), and are not pipelined.
+        l2_bytes *= 1.5
+        regs += (bm * config.bk + config.bk * config.bn) // (2 * threads)
+        stages = 1  # no loads in flight across steps
     return KernelFeatures(
-        programs=min(tiles, 2 * 132) if config.persistent else tiles,
+        # persistent programs: the flattened tl.range does not overlap a tile's loads with the
+        # previous tile (never faster than the grid, LOG.md v3), so its tiles run as if launched
+        # one per program
+        programs=tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * bm * config.bn * k_eff,
         fma_flops=0.0,
         dram_bytes=a_bytes + x_bytes + y_bytes + (s.units * s.items_mean) * 4,
-        l2_bytes=steps_total * (bm * config.bk + config.bk * config.bn) * elt + y_bytes,
+        l2_bytes=l2_bytes,
         steps_max=steps_max,
         steps_mean=steps_mean,
         smem_bytes=config.num_stages * (bm * config.bk + config.bk * config.bn) * elt + (bm * config.bn * elt if config.tma else 0),
         num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        num_stages=stages,
+        regs_per_thread=min(255, regs),
     )
 
 
@@ -218,7 +245,7 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     grid = (n_units * triton.cdiv(N, config.bn),)
     if grid[0] == 0:
         return out
-    if config.tma and not shuffled and _tma_ready(x) and _tma_ready(out):
+    if config.tma and not shuffled and A.values.shape[0] > 0 and _tma_ready(x) and _tma_ready(out):
         if config.persistent:
             grid = (min(grid[0], _sm_slots(x.device, config)),)
         _blocked_spmm_tma_kernel[grid](
