@@ -168,10 +168,10 @@ def choose(configs, prob, features_fn, rank, k, all_):
     if all_ or len(scored) <= k:
         return scored, scored
     picked = scored[:k]
-    for path in {c.path for c in scored}:  # the model's best of every path, always
-        first = next(c for c in scored if c.path == path)
-        if first not in picked:
-            picked.append(first)
+    for path in {c.path for c in scored}:  # the model's best 3 of every path, always
+        for c in [c for c in scored if c.path == path][:3]:
+            if c not in picked:
+                picked.append(c)
     return picked, scored
 
 
@@ -231,11 +231,11 @@ def spmm_case(name, M, K, N, density, rates, gen, rank, args, dense_cache):
                cusparse16_s=None, cusparse32_s=None, ours_s=best["s"] if best else None,
                config=best["config"] if best else None, path=best["path"] if best else None,
                best_row_s=min((t for t in (by_path["row"], by_path["row_t"]) if t), default=None),
-               best_row_t_s=by_path["row_t"], best_dense_s=by_path["dense"],
+               best_row_t_s=by_path["row_t"], best_dense_s=by_path["dense"], best_expand_s=by_path.get("expand"),
                floor_tc_s=floor_tc, floor_fma_s=floor_fma, measured=measured,
                model_rank_of_best=best.get("model_rank") if best else None)
     if best:
-        floor = floor_fma if best["path"] == "row" else floor_tc
+        floor = floor_fma if best["path"] in ("row", "row_t") else floor_tc
         row.update(speedup=t_dense / best["s"], frac_floor=floor / best["s"])
         if N <= 32:
             cfg = picked[[str(c) for c in picked].index(best["config"])]
@@ -309,13 +309,16 @@ def _us(v):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="a few cases: llama-up and qkv N=16 at 90%%, one SDDMM")
+    ap.add_argument("--quick", action="store_true", help="a few cases at 90%%: llama-up N=2048, qkv N=16/32, bert-ffn1 N=4096; one SDDMM")
     ap.add_argument("--all", action="store_true", help="measure every config of the space")
     ap.add_argument("--max-configs", type=int, default=8)
-    ap.add_argument("--budget-s", type=float, default=220.0, help="stop adding cases after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop adding cases after this many seconds (default 220; 420 with --quick)")
     ap.add_argument("--no-cusparse", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
+    if args.budget_s is None:
+        args.budget_s = 420.0 if args.quick else 220.0
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -324,7 +327,8 @@ def main():
           f"TB/s, fp32 FMA {rates['fma_flops'] / 1e12:.1f} TFLOP/s", flush=True)
     rank, ranker = make_ranker(rates)
     if args.quick:
-        spmm = [(n, m, k, nn, 0.1) for n, m, k, nn in SPMM_CASES if (n, nn) in (("llama7b-up", 2048), ("qkv", 16))]
+        quick = (("llama7b-up", 2048), ("qkv", 16), ("qkv", 32), ("bert-ffn1", 4096))
+        spmm = [(n, m, k, nn, 0.1) for n, m, k, nn in SPMM_CASES if (n, nn) in quick]
         sdd = [(4096, 64, 0.05)]
     else:
         spmm = [(n, m, k, nn, d) for d in DENSITIES for n, m, k, nn in SPMM_CASES]
@@ -352,8 +356,8 @@ def main():
 
     print(f"\nSpMM, fp16, uniform random masks ({rates['device']}; times in us; x dense = cuBLAS / ours; "
           f"x cuSP = faster cuSPARSE (fp16 or fp32) / ours; row = best of row/row_t, tc = dense path; "
-          f"floor% per DESIGN.md, FMA rate for row paths; cold = L2 flushed, ours/dense)")
-    print(f"{'shape':<12}{'N':>5}{'dens':>6}{'dense':>9}{'cuSP16':>10}{'cuSP32':>10}{'ours':>9}{'row':>9}{'tc':>9}"
+          f"exp = expand path (densify + GEMM); floor% per DESIGN.md, FMA rate for row paths; cold = L2 flushed, ours/dense)")
+    print(f"{'shape':<12}{'N':>5}{'dens':>6}{'dense':>9}{'cuSP16':>10}{'cuSP32':>10}{'ours':>9}{'row':>9}{'tc':>9}{'exp':>9}"
           f"{'x dense':>8}{'x cuSP':>8}{'floor%':>7}{'cold o/d':>14}  config")
     for r in rows:
         if r["kind"] != "spmm":
@@ -362,7 +366,7 @@ def main():
         xc = min(cus) / r["ours_s"] if cus and r["ours_s"] else float("nan")
         cold = f"{_us(r.get('ours_cold_s'))}/{_us(r.get('dense_cold_s'))}" if "ours_cold_s" in r else ""
         print(f"{r['shape']:<12}{r['N']:>5}{r['density']:>6}{_us(r['dense_s']):>9}{_us(r['cusparse16_s']):>10}"
-              f"{_us(r['cusparse32_s']):>10}{_us(r['ours_s']):>9}{_us(r['best_row_s']):>9}{_us(r['best_dense_s']):>9}"
+              f"{_us(r['cusparse32_s']):>10}{_us(r['ours_s']):>9}{_us(r['best_row_s']):>9}{_us(r['best_dense_s']):>9}{_us(r.get('best_expand_s')):>9}"
               f"{r.get('speedup', float('nan')):>8.2f}{xc:>8.1f}{100 * r.get('frac_floor', float('nan')):>6.0f}%{cold:>14}"
               f"  {r['config']}")
     print("\nSDDMM, fp16 in, fp32 accumulate (times in us; x cuSP32 = sampled_addmm fp32 / ours)")

@@ -93,6 +93,9 @@ def test_spmm_space_has_both_paths_and_features():
         space = spmm_csr.space(prob)
         assert {"row", "dense"} <= {c.path for c in space} <= set(spmm_csr.PATHS)
         assert ("row_t" in {c.path for c in space}) == (1 < n <= 64)
+        if 1 < n <= 64:  # x = X.T already has its tokens adjacent: no copy path
+            spmm_prob = Problem("linear", "csr", m, k, n, "float16", A.stats(), layout="spmm")
+            assert "row_t" not in {c.path for c in spmm_csr.space(spmm_prob)}
         assert 4 <= len(space) <= 40 and len(set(space)) == len(space)
         for c in space:
             assert c.block_k % 32 == 0 or c.path == "row"
@@ -103,8 +106,9 @@ ROW = spmm_csr.Config("row", 4, 8, 32)
 ROW_T = spmm_csr.Config("row_t", 2, 16, 64)
 DENSE = spmm_csr.Config("dense", 32, 16, 64, num_stages=3)
 SPLIT = spmm_csr.Config("dense", 16, 16, 32, num_stages=3, split_k=3)
+EXPAND = spmm_csr.Config("expand", 32, 16, 32, num_stages=2)
 PATHS = [pytest.param(ROW, id="row"), pytest.param(ROW_T, id="row_t"), pytest.param(DENSE, id="dense"),
-         pytest.param(SPLIT, id="split")]
+         pytest.param(SPLIT, id="split"), pytest.param(EXPAND, id="expand")]
 
 
 @pytest.mark.parametrize("config", PATHS)
@@ -382,3 +386,54 @@ def test_softmax_space_and_features():
         assert 1 <= len(space) <= 40
         for c in space:
             _check_features(sparse_softmax.features(prob, c))
+
+
+# ------------------------------------------------------------------------------------------
+# the expand path (densify + GEMM) and the token-last row_t kernel
+# ------------------------------------------------------------------------------------------
+def _expand_space_cases():
+    A = st.CSR.from_dense(_weight(45, 70, 0.2, torch.float32, 0))
+    out = []
+    for dtype in (torch.float32, torch.float16):
+        for c in spmm_csr.space(_problem("linear", "csr", A, 45, 70, 130, dtype)):
+            if c.path == "expand":
+                out.append(pytest.param(dtype, c, id=f"{DTYPES[dtype]}-{c.block_m}x{c.block_n}x{c.block_k}"))
+    return out
+
+
+@pytest.mark.parametrize("dtype,config", _expand_space_cases())
+def test_spmm_expand_every_config(dtype, config):
+    """Prefill sizes bring the expand path into the space; odd M, K, N against every tile."""
+    m, k, n = 45, 70, 130
+    A = st.CSR.from_dense(_weight(m, k, 0.2, dtype, 40, "edges"))
+    g = _gen(41)
+    x, bias, res = torch.randn(n, k, generator=g).to(dtype), torch.randn(m, generator=g).to(dtype), \
+        torch.randn(n, m, generator=g).to(dtype)
+    epi = dict(bias=bias, activation="gelu", residual=res, scale=0.5)
+    _assert_spmm(_run_spmm(A, x, config, **epi), x, A, dtype, **epi)
+
+
+def test_spmm_expand_workspace_reuse_across_shapes():
+    """The dense workspace is shared: a larger then a smaller then a K-padded weight, each right."""
+    for seed, (m, k) in enumerate(((70, 200), (20, 33), (33, 129), (70, 200))):
+        for dtype in (torch.float32, torch.float16):
+            A = st.CSR.from_dense(_weight(m, k, 0.3, dtype, 50 + seed, "edges"))
+            x = torch.randn(9, k, generator=_gen(60 + seed)).to(dtype)
+            _assert_spmm(_run_spmm(A, x, EXPAND), x, A, dtype)
+
+
+@pytest.mark.parametrize("n", [2, 5, 16, 32, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_spmm_row_t_token_counts(n, dtype):
+    """row_t's padded copy: N not a multiple of the strip or of 8, and N == strip (unmasked)."""
+    m, k = 31, 90
+    A = st.CSR.from_dense(_weight(m, k, 0.25, dtype, 70, "edges"))
+    x = torch.randn(n, k, generator=_gen(71)).to(dtype)
+    for c in (spmm_csr.Config("row_t", 2, 16, 64), spmm_csr.Config("row_t", 1, 32, 128),
+              spmm_csr.Config("row_t", 4, 8, 32)):
+        _assert_spmm(_run_spmm(A, x, c), x, A, dtype)
+    # the same kernel on spmm's layout (tokens already adjacent, no copy, masked gather)
+    X = torch.randn(k, n, generator=_gen(72)).to(dtype)
+    Y = torch.full((m, n), float("nan"), dtype=dtype)
+    spmm_csr.launch(A, X.T, Y.T, spmm_csr.Config("row", 2, 16, 64))
+    assert not Y.isnan().any() and rel_err(Y, ref.spmm(A, X)) <= TOL[dtype]

@@ -14,7 +14,16 @@ Three paths, chosen by `Config.path` (the tuner decides, never this file):
   16-byte vector loads and a pair costs ~4.5 instructions.
 
 * ``"row_t"`` — the row path on a token-contiguous copy of x made first (one extra copy
-  kernel of N x K elements: cheap for decode, where it makes the row path ~3x cheaper).
+  kernel of N x K elements: cheap for decode). The copy is stored in strips of `block_n` tokens,
+  each (K + 1, block_n) with a zero row at K, and the kernel orders its tile (rows, nonzeros,
+  tokens), so every nonzero's strip of x is one or two unmasked 16-byte loads (~3.5 SASS
+  instructions per (nonzero, token) on sm_90). The row path uses the same kernel whenever x's
+  tokens are already adjacent (spmm's X^T).
+
+* ``"expand"`` — prefill: a first kernel expands A (bitmap + values, as the dense path does) into a
+  dense (M, K rounded up to 128) workspace once per call, then a dense Triton GEMM with the fused
+  epilogue. Each element is expanded once instead of once per token tile, at the price of a
+  transient M x K workspace and its DRAM round trip.
 
 * ``"dense"`` — "load as sparse, compute as dense" (Flash-LLM) on tensor cores. A program owns
   `block_m` rows x `block_n` tokens and walks K in chunks of `block_k`. The rows' nonzeros of a
@@ -48,7 +57,7 @@ from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
 from ._epilogue import ACTIVATION_CODES, epilogue
 
-PATHS = ("row", "row_t", "dense")
+PATHS = ("row", "row_t", "dense", "expand")
 _ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 # ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
 # (2 per instruction, as an FMA counts 2): ~14 SASS instructions per element on sm_90 (bit test,
@@ -58,7 +67,7 @@ EXPAND_FLOPS_PER_ELEMENT = 28.0
 
 @dataclass(frozen=True)
 class Config:
-    path: str  # "row" | "row_t" (row on a token-contiguous copy of x) | "dense"
+    path: str  # "row" | "row_t" (row on a token-contiguous copy of x) | "dense" | "expand"
     block_m: int  # row: sparse rows per program; dense: rows of the output tile
     block_n: int  # tokens per program
     block_k: int  # row: nonzeros per step of a row; dense: K chunk (multiple of 32)
@@ -143,6 +152,70 @@ def _spmm_row_kernel(
                    omask, scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
     tl.store(out_ptr + toks[None, :] * stride_on + rows[:, None] * stride_om,
              acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _spmm_rowt_kernel(
+    crow_ptr, col_ptr, val_ptr, order_ptr, x_ptr, out_ptr, bias_ptr, res_ptr,
+    M, N,
+    stride_xn, stride_xk, stride_xs, stride_on, stride_om, stride_rn, stride_rm,
+    scale,
+    R: tl.constexpr, BN: tl.constexpr, BNNZ: tl.constexpr, PAD_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+):
+    """The row path for x with its tokens adjacent (stride_xn == 1: spmm's X^T, or row_t's copy).
+
+    The tile is (rows, nonzeros, tokens) with the tokens last, so each nonzero's strip of x is
+    one or two 16-byte vector loads (the (rows, tokens, nonzeros) order of _spmm_row_kernel
+    makes the nonzeros the fast axis and every (nonzero, token) pair a scalar load).
+    PAD_K > 0: x is row_t's copy, token strips of BN stored one after the other (stride_xs), each
+    (K + 1, BN) with zero tokens past N and a zero row at column PAD_K, where padding lanes point:
+    the gather needs no mask, and a program's x footprint is its own strip."""
+    pid_r = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    slot = pid_r * R + tl.arange(0, R)
+    rvalid = slot < M
+    rows = tl.load(order_ptr + slot, mask=rvalid, other=0)
+    start = tl.load(crow_ptr + rows, mask=rvalid, other=0)
+    length = tl.load(crow_ptr + rows + 1, mask=rvalid, other=0) - start
+    toks = pid_n * BN + tl.arange(0, BN)
+    tvalid = toks < N
+    x_tok = x_ptr + pid_n * stride_xs + tl.arange(0, BN)[None, None, :] * stride_xn  # (1, 1, BN)
+    acc3 = tl.zeros((R, BNNZ, BN), dtype=tl.float32)
+    longest = tl.max(length, axis=0)
+    for s in range(0, longest, BNNZ):
+        j = s + tl.arange(0, BNNZ)
+        m = j[None, :] < length[:, None]  # (R, BNNZ)
+        off = start[:, None] + j[None, :]
+        v = tl.load(val_ptr + off, mask=m, other=0.0).to(tl.float32)
+        if PAD_K > 0:
+            c = tl.load(col_ptr + off, mask=m, other=PAD_K).to(tl.int32)
+            xv = tl.load(x_tok + c[:, :, None] * stride_xk)
+        else:
+            c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
+            xv = tl.load(x_tok + c[:, :, None] * stride_xk, mask=m[:, :, None] & tvalid[None, None, :], other=0.0)
+        acc3 += xv.to(tl.float32) * v[:, :, None]
+    acc = tl.sum(acc3, axis=1)  # (R, BN)
+    omask = rvalid[:, None] & tvalid[None, :]
+    acc = epilogue(acc, rows[:, None], rvalid[:, None], toks[None, :] * stride_rn + rows[:, None] * stride_rm,
+                   omask, scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
+    tl.store(out_ptr + toks[None, :] * stride_on + rows[:, None] * stride_om,
+             acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _transpose_pad_kernel(x_ptr, xt_ptr, N, K, stride_xn, stride_xk,
+                          BT: tl.constexpr, BK: tl.constexpr):
+    """row_t's token-contiguous copy of x: strip s (tokens s*BT ...) is xt[s] (K + 1, BT) =
+    [x[strip]^T; 0], tokens past N zero. Grid (K chunks, strips)."""
+    ks = tl.program_id(0) * BK + tl.arange(0, BK)
+    s = tl.program_id(1)
+    tj = tl.arange(0, BT)
+    ts = s * BT + tj
+    v = tl.load(x_ptr + ts[:, None] * stride_xn + ks[None, :] * stride_xk,
+                mask=(ts < N)[:, None] & (ks < K)[None, :], other=0.0)
+    tl.store(xt_ptr + s.to(tl.int64) * (K + 1) * BT + ks[:, None] * BT + tj[None, :], tl.trans(v),
+             mask=(ks <= K)[:, None])
 
 
 # Triton's interpreter (CPU tests) has no popc; it runs the same arithmetic with a SWAR popcount.
@@ -255,6 +328,68 @@ def _spmm_dense_kernel(
             tl.atomic_xchg(lock_ptr + pid, 0)
 
 
+@triton.jit
+def _expand_kernel(bits_ptr, woff_ptr, val_ptr, w_ptr, M, KP, KW,
+                   EM: tl.constexpr, EK: tl.constexpr, HW: tl.constexpr):
+    """Writes the dense (EM, EK) tile of A at (rows pid0 * EM, columns pid1 * EK) into w (M, KP):
+    the bitmap expansion of the dense path, done once per element instead of once per token tile."""
+    rows = tl.program_id(0) * EM + tl.arange(0, EM)
+    rvalid = rows < M
+    k0 = tl.program_id(1) * EK
+    bits_row = bits_ptr + rows.to(tl.int64) * KW
+    base = tl.load(woff_ptr + rows.to(tl.int64) * KW + k0 // 32, mask=rvalid & (k0 // 32 < KW), other=0)
+    bit, pos, cnt = _expand_chunk(bits_row, base, k0, KW, rvalid, EM, EK, HW)
+    a = tl.load(val_ptr + pos, mask=bit, other=0.0)
+    cols = k0 + tl.arange(0, EK)
+    tl.store(w_ptr + rows[:, None].to(tl.int64) * KP + cols[None, :], a.to(w_ptr.dtype.element_ty),
+             mask=rvalid[:, None] & (cols < KP)[None, :])
+
+
+@triton.jit
+def _gemm_nt_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr,
+    M, N, K, KP,
+    stride_xn, stride_xk, stride_on, stride_om, stride_rn, stride_rm,
+    scale,
+    BT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """out (N, M) = epilogue(x (N, K) @ w (M, KP)^T): both operands K-major, a (BT tokens, BM
+    features) tile per program, grouped so programs running together share x and w panels.
+    w's columns K..KP are zero (written by _expand_kernel), so only x needs a K mask."""
+    pid = tl.program_id(0)
+    num_t = tl.cdiv(N, BT)
+    num_m = tl.cdiv(M, BM)
+    width = GROUP * num_m
+    first_t = (pid // width) * GROUP
+    gsize = tl.minimum(num_t - first_t, GROUP)
+    pid_t = first_t + (pid % width) % gsize
+    pid_m = (pid % width) // gsize
+    toks = pid_t * BT + tl.arange(0, BT)
+    cols = pid_m * BM + tl.arange(0, BM)
+    kk = tl.arange(0, BK)
+    # out-of-range tokens / features read a valid row (wrapped) and are never stored: no masks
+    xp = x_ptr + (toks % N)[:, None] * stride_xn + kk[None, :] * stride_xk  # (BT, BK)
+    wp = w_ptr + (cols % M)[None, :].to(tl.int64) * KP + kk[:, None]  # (BK, BM): w^T chunk
+    acc = tl.zeros((BT, BM), dtype=tl.float32)
+    for k0 in range(0, KP, BK):
+        if EVEN_K:
+            a = tl.load(xp)
+        else:
+            a = tl.load(xp, mask=(k0 + kk < K)[None, :], other=0.0)
+        b = tl.load(wp)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        xp += BK * stride_xk
+        wp += BK
+    tvalid = toks < N
+    cvalid = cols < M
+    omask = tvalid[:, None] & cvalid[None, :]
+    acc = epilogue(acc, cols[None, :], cvalid[None, :], toks[:, None] * stride_rn + cols[None, :] * stride_rm,
+                   omask, scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
+    tl.store(out_ptr + toks[:, None] * stride_on + cols[None, :] * stride_om,
+             acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
 _WORKSPACES: dict = {}
 
 
@@ -270,6 +405,40 @@ def _split_workspace(device: torch.device, numel: int, locks: int) -> tuple[torc
         lk = torch.zeros(max(locks, 1024), dtype=torch.int32, device=device)
     _WORKSPACES[device] = (ws, lk)
     return ws, lk
+
+
+_EXPAND_M, _EXPAND_K = 32, 128  # the expand kernel's tile
+_DENSE_WS: dict = {}
+
+
+def _padded_k(K: int) -> int:
+    """Row length of the expanded weight: K rounded up to the expand tile (a multiple of every
+    block_k of the expand path), so the GEMM reads w without masks."""
+    return -(-K // _EXPAND_K) * _EXPAND_K
+
+
+_ROWT_WS: dict = {}
+
+
+def _rowt_workspace(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """row_t's transposed copy of x, one per (device, dtype), grown on demand, fully rewritten by
+    each call. Make the first call before a CUDA-graph capture."""
+    ws = _ROWT_WS.get((device, dtype))
+    if ws is None or ws.numel() < numel:
+        ws = torch.empty(max(numel, 1 << 16), dtype=dtype, device=device)
+        _ROWT_WS[(device, dtype)] = ws
+    return ws
+
+
+def _dense_workspace(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """The expand path's dense copy of A, one per (device, dtype), grown on demand and fully
+    rewritten by every call (nothing to clear). Make the first call before a CUDA-graph capture.
+    Expand launches on two streams at once must not share a device."""
+    ws = _DENSE_WS.get((device, dtype))
+    if ws is None or ws.numel() < numel:
+        ws = torch.empty(numel, dtype=dtype, device=device)
+        _DENSE_WS[(device, dtype)] = ws
+    return ws
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,16 +465,38 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     srn, srm = (residual.stride(0), residual.stride(1)) if has_res else (0, 0)
     scale = float(scale)
     if config.path in ("row", "row_t"):
-        if config.path == "row_t" and x.stride(0) != 1 and N > 1:
-            x = x.t().contiguous().t()  # (N, K) with tokens adjacent: the gather becomes vector loads
         grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n))
-        _spmm_row_kernel[grid](
-            A.crow, A.col, A.values, A.row_order, x, out, bias_t, res_t,
-            M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
-            R=config.block_m, BN=config.block_n, BNNZ=config.block_k,
-            HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )
+        if config.path == "row_t" and x.stride(0) != 1 and N > 1:
+            # strips of (K + 1, block_n) with the tokens adjacent, a zero row at K and zero tokens
+            # past N: the gather becomes unmasked vector loads from the program's own strip
+            bn = config.block_n
+            xt = _rowt_workspace(x.device, x.dtype, grid[1] * (K + 1) * bn)
+            _transpose_pad_kernel[(triton.cdiv(K + 1, 64), grid[1])](
+                x, xt, N, K, x.stride(0), x.stride(1), BT=bn, BK=64, num_warps=4)
+            _spmm_rowt_kernel[grid](
+                A.crow, A.col, A.values, A.row_order, xt, out, bias_t, res_t,
+                M, N, 1, bn, (K + 1) * bn, out.stride(0), out.stride(1), srn, srm, scale,
+                R=config.block_m, BN=bn, BNNZ=config.block_k, PAD_K=K,
+                HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
+                num_warps=config.num_warps, num_stages=config.num_stages,
+            )
+        elif x.stride(0) == 1 and N > 1:
+            _spmm_rowt_kernel[grid](
+                A.crow, A.col, A.values, A.row_order, x, out, bias_t, res_t,
+                M, N, x.stride(0), x.stride(1), config.block_n * x.stride(0), out.stride(0), out.stride(1),
+                srn, srm, scale,
+                R=config.block_m, BN=config.block_n, BNNZ=config.block_k, PAD_K=0,
+                HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
+                num_warps=config.num_warps, num_stages=config.num_stages,
+            )
+        else:
+            _spmm_row_kernel[grid](
+                A.crow, A.col, A.values, A.row_order, x, out, bias_t, res_t,
+                M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
+                R=config.block_m, BN=config.block_n, BNNZ=config.block_k,
+                HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
+                num_warps=config.num_warps, num_stages=config.num_stages,
+            )
     elif config.path == "dense":
         bits, woff = csr_bitmap(A)
         tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
@@ -317,6 +508,22 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
             x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
             BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, SPLIT=split,
             HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=dot_precision(x.dtype), HW=HW_POPC,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    elif config.path == "expand":
+        bits, woff = csr_bitmap(A)
+        kp = _padded_k(K)
+        w = _dense_workspace(x.device, x.dtype, M * kp)
+        _expand_kernel[(triton.cdiv(M, _EXPAND_M), max(1, kp // _EXPAND_K))](
+            bits, woff, A.values, w, M, kp, bits.shape[1],
+            EM=_EXPAND_M, EK=_EXPAND_K, HW=HW_POPC, num_warps=4,
+        )
+        bt, bm = config.block_n, config.block_m
+        _gemm_nt_kernel[(triton.cdiv(N, bt) * triton.cdiv(M, bm),)](
+            x, w, out, bias_t, res_t, M, N, K, kp,
+            x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
+            BT=bt, BM=bm, BK=config.block_k, GROUP=config.group_m, EVEN_K=K % config.block_k == 0,
+            HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=dot_precision(x.dtype),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
     else:
@@ -336,6 +543,11 @@ def _smem_dense(dtype: str, bm: int, bn: int, bk: int, stages: int) -> int:
     return stages * bk * bn * s + bm * bk * s
 
 
+def _tokens_adjacent(problem: Problem) -> bool:
+    """x's tokens are contiguous (spmm's X^T): the row path's gather is then vector loads."""
+    return getattr(problem, "layout", "linear") == "spmm" or problem.op == "spmm"
+
+
 def space(problem: Problem) -> list[Config]:
     """Valid configs of both paths for this problem (about 15-30)."""
     n = max(1, problem.n)
@@ -343,17 +555,25 @@ def space(problem: Problem) -> list[Config]:
     # --- row path: Sputnik, CUDA cores ---------------------------------------------------------
     # steps longer than the typical row waste lanes; tiles of 1-8K elements keep registers sane
     nnz_cap = max(32, _pow2(int(problem.stats.items_mean)))
-    bns = {min(_pow2(n), 32)} | ({8} if n > 8 else set()) | ({64} if n > 64 else set())
-    paths = ["row"] + (["row_t"] if 1 < n <= 64 and problem.op != "spmm" else [])
-    for path in paths:
+    bns = {min(_pow2(n), 32)} | ({8} if n > 8 else set()) | ({16} if n > 16 else set())
+    if n > 64:  # prefill: the row path gathers nnz x N elements and cannot win; a few configs
+        bns = {64}
+    if 1 < n <= 64 and not _tokens_adjacent(problem):
+        # row_t: (rows, nonzeros, tokens) tiles of <= 64 fp32 accumulators per thread; all tokens
+        # in one strip up to 32 (one pass over the values)
+        # (N = 32 also in two 16-token strips: each strip's x copy is half the L1 footprint)
+        for bn in sorted({min(_pow2(n), 32)} | ({16} if n > 16 else set()), reverse=True):
+            for r, bnnz, w in ((1, 256, 4), (2, 128, 4), (2, 256, 4), (1, 512, 4), (4, 128, 4), (4, 64, 4),
+                               (1, 128, 4), (8, 64, 8))[: 8 if bn == min(_pow2(n), 32) else 3]:
+                if bnnz <= max(64, nnz_cap) and r * bnnz * bn <= 64 * 32 * w:
+                    out.append(Config("row_t", r, bn, bnnz, num_warps=w, num_stages=2))
+    for path in ["row"]:
         for bn in sorted(bns):
-            if path == "row_t" and bn < 16 and n >= 16:
-                continue
             picked = 0
             for r, bnnz in ((1, 512), (2, 256), (4, 128), (8, 64), (4, 256), (16, 64), (8, 128),
                             (2, 128), (4, 64), (16, 32), (32, 32), (1, 128)):
                 tile = r * bn * bnnz
-                if bnnz > nnz_cap or not 1024 <= tile <= 8192 or picked >= (5 if path == "row" else 3):
+                if bnnz > nnz_cap or not 1024 <= tile <= 8192 or picked >= (5 if path == "row" and n <= 64 else 3):
                     continue
                 out.append(Config(path, r, bn, bnnz, num_warps=4 if tile <= 4096 else 8, num_stages=2))
                 picked += 1
@@ -378,6 +598,17 @@ def space(problem: Problem) -> list[Config]:
             c = Config("dense", bm, bn, bk, num_warps=w, num_stages=st)
             if c not in out and _smem_dense(problem.dtype, bm, bn, bk, st) <= 200 * 1024:
                 out.append(c)
+    # --- expand path: densify once, then a dense tensor-core GEMM (prefill) ---------------------
+    if n >= 128:
+        s = _ELEM.get(problem.dtype, 2)
+        for bm, bt, bk, w, st in ((256, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
+                                  (128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 32, 4, 4)):
+            bt = min(bt, max(16, _pow2(n)))
+            if s == 4 and bk > 32:
+                bk = 32
+            c = Config("expand", bm, bt, bk, num_warps=w, num_stages=st)
+            if c not in out and st * (bm + bt) * bk * s <= 200 * 1024:
+                out.append(c)
     return out
 
 
@@ -397,7 +628,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         programs = -(-M // r) * strips
         # x gather: a token-contiguous x (spmm's X^T) moves useful bytes; the linear layout pays
         # about one sector per gathered element when nonzeros are sparse along K
-        adjacent = problem.op == "spmm" or config.path == "row_t" or N == 1
+        adjacent = _tokens_adjacent(problem) or config.path == "row_t" or N == 1
         per_elem = s if adjacent else min(32.0, s / max(st.density, 1e-6))
         gather = nnz * strips * bn * per_elem
         copy = 2 * x_bytes if config.path == "row_t" else 0
@@ -407,15 +638,32 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         steps_mean = max(0.0, math.ceil((st.items_mean * (1 + 0.5 * st.items_cv / max(1, r) ** 0.5)) / bnnz))
         return KernelFeatures(
             programs=programs, tiles=programs, mma_flops=0.0,
-            # in flop-equivalents (2 per instruction): ~4.5 SASS instructions per (nonzero, token)
+            # in flop-equivalents (2 per instruction): ~3.5 SASS instructions per (nonzero, token)
             # with vector loads of x, ~14 without
-            fma_flops=2.0 * nnz * strips * bn * (4.5 if adjacent else 14.0),
+            fma_flops=2.0 * nnz * strips * bn * (3.5 if adjacent else 14.0),
             dram_bytes=float(stream + x_bytes + y_bytes + epi_bytes + copy),
             l2_bytes=float(stream * strips + gather + y_bytes + epi_bytes + copy),
             steps_max=int(steps_max), steps_mean=float(steps_mean),
             smem_bytes=r * bn * 4, num_warps=config.num_warps, num_stages=config.num_stages,
             regs_per_thread=min(255, max(48, 32 + r * bn * bnnz // (32 * config.num_warps))),
             launches=2 if config.path == "row_t" and N > 1 else 1,
+        )
+    if config.path == "expand":
+        bm, bt, bk = config.block_m, config.block_n, config.block_k
+        kp = _padded_k(K)
+        tm, tn, tk = -(-M // bm), -(-N // bt), -(-kp // bk)
+        bitmap = M * (-(-K // 32)) * 4
+        dense_w = M * kp * s  # written by the expand kernel, read back by the GEMM
+        return KernelFeatures(
+            programs=tm * tn, tiles=tm * tn,
+            mma_flops=2.0 * tm * bm * tn * bt * tk * bk,
+            fma_flops=EXPAND_FLOPS_PER_ELEMENT * M * kp,  # once per element, not per token tile
+            dram_bytes=float(nnz * s + bitmap + 2 * dense_w + x_bytes + y_bytes + epi_bytes),
+            l2_bytes=float(nnz * s + bitmap + dense_w + dense_w * tn + x_bytes * tm + y_bytes + epi_bytes),
+            steps_max=tk, steps_mean=float(tk),
+            smem_bytes=config.num_stages * (bm + bt) * bk * s,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+            regs_per_thread=min(255, 40 + bm * bt // (32 * config.num_warps)), launches=2,
         )
     bm, bn, bk, split = config.block_m, config.block_n, config.block_k, config.split_k
     tm, tn, tk = -(-M // bm), -(-N // bn), -(-K // bk)

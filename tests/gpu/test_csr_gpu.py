@@ -56,7 +56,7 @@ def run_spmm(A, x, config, **epi):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("M,K,N", [(300, 500, 1), (300, 500, 16), (257, 1000, 100), (1000, 777, 77)])
+@pytest.mark.parametrize("M,K,N", [(300, 500, 1), (300, 500, 16), (257, 1000, 100), (1000, 777, 77), (301, 515, 300)])
 def test_spmm_every_config(dtype, M, K, N):
     A = st.CSR.from_dense(weight(M, K, 0.1, dtype, 1))
     x = torch.randn(N, K, device="cuda", dtype=dtype)
@@ -83,7 +83,7 @@ def test_spmm_benchmark_shapes(dtype, name, M, K, N):
     prob = Problem("linear", "csr", M, K, N, DT[dtype], A.stats())
     space = spmm_csr.space(prob)
     if N > 64:  # prefill: the row path is far too slow to sweep: one config of it
-        space = [c for c in space if c.path == "dense"] + [c for c in space if c.path == "row"][:1]
+        space = [c for c in space if c.path in ("dense", "expand")] + [c for c in space if c.path == "row"][:1]
     for cfg in spread(space, 2 if dtype == torch.float16 else 4):
         out = run_spmm(A, x, cfg)
         assert not out.isnan().any(), cfg
@@ -91,7 +91,9 @@ def test_spmm_benchmark_shapes(dtype, name, M, K, N):
 
 
 @pytest.mark.parametrize("config", [spmm_csr.Config("row", 4, 16, 64), spmm_csr.Config("row_t", 2, 16, 64),
-                                    spmm_csr.Config("dense", 64, 64, 64), spmm_csr.Config("dense", 32, 16, 64, split_k=4)])
+                                    spmm_csr.Config("dense", 64, 64, 64), spmm_csr.Config("dense", 32, 16, 64, split_k=4),
+                                    spmm_csr.Config("expand", 128, 128, 64, num_warps=4, num_stages=4),
+                                    spmm_csr.Config("row_t", 1, 32, 256)])
 def test_spmm_strided_views_and_out_dtype(config):
     M, K, N = 500, 384, 40
     A = st.CSR.from_dense(weight(M, K, 0.2, torch.float16, 3))
@@ -170,3 +172,22 @@ def test_softmax_every_config(dtype):
             vals = sparse_softmax.launch(P, cfg, scale=0.5)
             assert not vals.isnan().any(), cfg
             assert rel(P.with_values(vals).to_dense(), expect) < tol(dtype), cfg
+
+
+def test_spmm_expand_and_row_t_graph_replay():
+    """Workspaces are allocated on the first call; CUDA-graph replays then reuse them."""
+    for cfg, (M, K, N) in ((spmm_csr.Config("expand", 128, 128, 64, num_warps=4, num_stages=4), (1000, 1000, 512)),
+                           (spmm_csr.Config("row_t", 2, 16, 128), (1000, 1000, 16))):
+        A = st.CSR.from_dense(weight(M, K, 0.1, torch.float16, 9, edges=False))
+        x = torch.randn(N, K, device="cuda", dtype=torch.float16)
+        out = torch.empty(N, M, device="cuda", dtype=torch.float16)
+        spmm_csr.launch(A, x, out, cfg)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            spmm_csr.launch(A, x, out, cfg)
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel(out, ref.linear(x, A)) < 1e-2, cfg
