@@ -282,7 +282,7 @@ def _tune(op, A, k, n, dtype, epilogue, ours, library, reference, result, layout
         for name, run in library.items():
             # a prior for ranking only: fast mode measures every library backend anyway
             if op == "linear":
-                guess = dense_gemm_seconds(M, k, n, dtype, tuner.device) * (1 if name == "dense" else 4)
+                guess = dense_gemm_seconds(M, k, n, dtype, tuner.device, layout=layout) * (1 if name == "dense" else 4)
             else:
                 guess = 2 * M * k * n / tuner.device.matrix_rate(dtype) + 3 * M * n * 4 / tuner.device.dram_bw
             cands.append(Candidate(name, None, predicted=guess, run=run, check=checker(run), library=True))

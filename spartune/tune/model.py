@@ -4,13 +4,16 @@ a DeviceSpec. Pure Python, so ranking a whole config space costs microseconds pe
 Its job is ranking (the measured best must be among the top few), not exact times. It models:
 occupancy (programs per SM, from shared memory, warps and registers), wave quantisation over
 the SMs, a pipelined main loop per program (num_stages - 1 loads in flight, so a memory
-latency is paid once per tile and again per step when the loop is latency-bound), throughput
-per step from the SM's share of the tensor-core / CUDA-core / L2 rates, compulsory DRAM
-traffic as a budget of the whole launch, load imbalance (the longest tile bounds a short
-launch), the split-K reduction and launch overhead.
+latency is paid once per tile and again per step when the loop is latency-bound; programs
+sharing an SM hide each other's latency), throughput per step from the SM's share of the
+tensor-core / CUDA-core / L2 rates, compulsory DRAM traffic as a budget of the whole launch
+(with the write-back of the dirty lines it evicts), load imbalance (the longest tile bounds a
+short launch), the split-K reduction and launch overhead. The dense backend (cuBLAS) has its
+own roofline, `dense_gemm_seconds`.
 
 `calibrate()` measures the rates on a CUDA device; `DeviceSpec.h100()` holds the numbers
-measured on the project's H100 (shared/PERF-NOTES.md).
+measured on the project's H100 (shared/PERF-NOTES.md). The few constants below were fitted on
+an exhaustive H100 run (benchmarks/fit_model.py, benchmarks/data/), each explained where it is.
 """
 from __future__ import annotations
 
@@ -54,7 +57,9 @@ class DeviceSpec:
     l2_bw: float  # reads from an L2-resident buffer, all SMs together
     launch_s: float  # GPU time of an empty launch, back to back
     graph_launch_s: float  # the same inside a CUDA graph
-    mem_latency_s: float = 0.8e-6  # a load's latency under load (not calibrated: a model constant)
+    # a DRAM load's latency under load, dirty-line write-backs ahead of it (not calibrated: a model
+    # constant, fitted with INDEX_CHAIN on benchmarks/data/; cuBLAS at decode sizes agrees)
+    mem_latency_s: float = 1.0e-6
     max_warps_per_sm: int = 64
     max_programs_per_sm: int = 32
     smem_reserved: int = 1024  # per program, taken by the runtime (Hopper)
@@ -89,13 +94,25 @@ class DeviceSpec:
     @classmethod
     def from_json(cls, text: str) -> "DeviceSpec":
         """Unknown keys are dropped and missing optional ones defaulted, so specs stored by an
-        older or newer spartune still load."""
+        older or newer spartune still load. Model constants (`_MODEL_CONSTANTS`: not measured by
+        calibrate()) always take this version's value, so a stored calibration never pins an old one."""
         data = json.loads(text)
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - set(_MODEL_CONSTANTS)
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
 H100 = DeviceSpec.h100()
+_MODEL_CONSTANTS = ("mem_latency_s",)
+
+# Tile loads by cp.async / TMA (the kernels' main loops) stream through L2 about 1.5x faster than
+# the plain loads calibrate() times: block-sparse SpMM moves ~8 TB/s of L2 traffic on the H100
+# where calibrate() reports 5.4 (benchmarks/LOG.md; block:32x32 at 50% in benchmarks/data/).
+# Kernels whose loads are plain (gathers) declare the difference in their l2_bytes.
+L2_TILE_SPEEDUP = 1.5
+
+# A sparse kernel's main-loop step loads an index (block column, kept column, bitmap word) and
+# then the tile it addresses: two dependent round trips that the pipeline has to cover.
+INDEX_CHAIN = 2
 
 
 # --- occupancy -------------------------------------------------------------------------------
@@ -114,15 +131,18 @@ def programs_per_sm(f: KernelFeatures, device: DeviceSpec) -> int:
 
 # --- the model -------------------------------------------------------------------------------
 
-def _loop_time(steps: float, step_s: float, stages: int, latency: float) -> float:
-    """One program's main loop: `steps` trips costing `step_s` of throughput each, with
-    stages - 1 loads in flight. The first load's latency is never hidden; after the prologue a
-    step takes the longer of its work and latency / loads in flight (Little's law)."""
+def _loop_time(steps: float, work_s: float, resident: int, stages: int, latency: float) -> float:
+    """One program's main loop: `steps` trips of `work_s` throughput each, `resident` programs
+    sharing the SM's throughput, stages - 1 loads in flight. The first load's latency is never
+    hidden; after the prologue a step takes the longer of the SM's work for all resident
+    programs and latency / loads in flight (Little's law). Without pipelining a program waits
+    for every load, but the other resident programs run meanwhile."""
     ahead = max(stages - 1, 0)
-    if ahead == 0:  # no software pipelining: every step waits for its load
-        return steps * (latency + step_s)
-    steady = max(step_s, latency / ahead)
-    return latency + min(steps, ahead) * step_s + max(0.0, steps - ahead) * steady
+    shared = resident * work_s
+    if ahead == 0:
+        return steps * max(shared, latency + work_s)
+    steady = max(shared, latency / ahead)
+    return latency + min(steps, ahead) * shared + max(0.0, steps - ahead) * steady
 
 
 def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: bool = True) -> float:
@@ -140,7 +160,7 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
     if occupancy == 0 or f.programs <= 0:
         return math.inf
     rate_fma = device.fma / device.sms
-    rate_l2 = device.l2_bw / device.sms
+    rate_l2 = L2_TILE_SPEEDUP * device.l2_bw / device.sms
     # The main loop is bound per SM by its MMA, FMA and L2 traffic; a tile's work is spread
     # over its steps, and a tile costs at least one step (its output is written regardless).
     tile_s = max(f.mma_flops / rate_mma, f.fma_flops / rate_fma, f.l2_bytes / rate_l2) / f.tiles
@@ -150,7 +170,7 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
         """Time of a wave of n concurrent programs each walking `steps` steps; programs on
         one SM share its throughput."""
         resident = math.ceil(n / min(device.sms, n))
-        return _loop_time(steps, resident * tile_s / mean_steps, f.num_stages, device.mem_latency_s)
+        return _loop_time(steps, tile_s / mean_steps, resident, f.num_stages, INDEX_CHAIN * device.mem_latency_s)
 
     slots = min(f.programs, occupancy * device.sms)  # programs running at once
     if f.programs >= f.tiles:
@@ -164,10 +184,18 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
         body = wave(slots, per_slot * mean_steps)
         longest = wave(slots, (per_slot - 1) * mean_steps + max(f.steps_max, 1))
     # compulsory DRAM traffic is a budget of the whole launch (what each SM pulls through L2,
-    # re-reads included, is already bounded in the loop)
-    dram = f.dram_bytes / device.dram_bw + device.mem_latency_s
+    # re-reads included, is already bounded in the loop). The L2 it streams through is full of
+    # dirty lines (the previous kernel's output; the measurer's cache flush), so every line read
+    # first writes one back, up to the L2's size.
+    dram = _dram_seconds(f.dram_bytes, device) + device.mem_latency_s
     reduce = f.reduce_bytes / device.dram_bw  # split-K partials, spread over the whole chip
     return launch + max(body, longest, dram) + reduce
+
+
+def _dram_seconds(read_bytes: float, device: DeviceSpec) -> float:
+    """Reading `read_bytes` from DRAM through an L2 full of dirty lines (dram_bw counts bytes
+    read + written)."""
+    return (read_bytes + min(read_bytes, device.l2_bytes)) / device.dram_bw
 
 
 # --- floors (DESIGN.md, "Measuring performance") ---------------------------------------------
@@ -205,7 +233,7 @@ def floor_seconds(problem: Problem, device: DeviceSpec, *, cuda_cores: bool = Fa
     return max(useful_flops(problem) / rate, compulsory_bytes(problem) / device.dram_bw)
 
 
-# --- dense GEMM (cuBLAS), so that the dense backend ranks on the same scale -------------------
+# --- dense GEMM: a tiled kernel's features, and the cuBLAS backend on the same scale -----------
 
 def gemm_features(m: int, k: int, n: int, dtype, *, bm: int = 128, bn: int = 128, bk: int | None = None,
                   stages: int = 4, warps: int = 8, split_k: int = 1) -> KernelFeatures:
@@ -235,17 +263,38 @@ def gemm_features(m: int, k: int, n: int, dtype, *, bm: int = 128, bn: int = 128
     )
 
 
-def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec) -> float:
-    """Predicted cuBLAS time: the best of a few tilings and split-K factors, as its heuristics
-    would choose."""
-    best = math.inf
+# A copy into a transposed `out` (the spmm layout: out = Y.T) is a strided transpose: measured on
+# the H100 at ~3.3 us per MB of output against ~0.7 us for a contiguous copy (benchmarks/data/).
+TRANSPOSED_COPY_SLOWDOWN = 5.0
+
+
+def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec, *, layout: str = "linear",
+                       out_copy: bool | None = None) -> float:
+    """Predicted time of the dense backend (backends.dense_linear): cuBLAS's GEMM on the
+    decompressed (m, k) weight, plus a copy of its (n, m) result into `out` when it cannot write
+    there directly.
+
+    The GEMM runs at the calibrated matrix rate (calibrate() times cuBLAS itself; its TMA-fed
+    tiles are not L2-bound the way gemm_features' are), quantised in waves of output tiles over
+    the SMs for the best of a few tilings and split-K factors, as its heuristics would choose;
+    each wave also pays a memory latency (pipeline fill and epilogue: what makes short-K GEMMs
+    slower). It is never faster than streaming its operands from DRAM (decode sizes).
+    `layout` "spmm" (x = X.T, out = Y.T): `out` is transposed, so the backend copies (a
+    transpose). `out_copy` overrides whether a copy happens (runs before fe55e6a always copied)."""
+    elt = _ELEMENT_BYTES[_dtype_name(dtype)]
+    rate_sm = device.matrix_rate(dtype) / device.sms
+    compute = math.inf
     for bm, bn in ((128, 256), (128, 128), (64, 128), (128, 64), (64, 64)):
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
         for split_k in (1, 2, 4, 8, 16):
-            if split_k > 1 and math.ceil(k / 64) < 4 * split_k:  # keep a few steps per split
-                continue
-            f = gemm_features(m, k, n, dtype, bm=bm, bn=bn, split_k=split_k, stages=3 if bn == 256 else 4)
-            best = min(best, predict(f, device, dtype))
-    return best
+            waves = math.ceil(tiles * split_k / device.sms)
+            compute = min(compute, waves * (2.0 * bm * bn * math.ceil(k / split_k) / rate_sm + device.mem_latency_s))
+    stream = _dram_seconds((m * k + k * n + m * n) * elt, device)
+    seconds = device.graph_launch_s + device.mem_latency_s + max(compute, stream)
+    if out_copy if out_copy is not None else layout == "spmm":
+        slowdown = TRANSPOSED_COPY_SLOWDOWN if layout == "spmm" else 1.0
+        seconds += device.graph_launch_s + 2.0 * m * n * elt / device.dram_bw * slowdown
+    return seconds
 
 
 # --- calibration (CUDA only) -----------------------------------------------------------------
