@@ -130,7 +130,7 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
     out = torch.empty((x2.shape[0], M), dtype=out_dtype or dtype, device=device)
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
-    _run_linear(A, x2, out, bias, activation, res2, float(scale))
+    out = _run_linear(A, x2, out, bias, activation, res2, float(scale))
     return out if flat else out.reshape(*x.shape[:-1], M)
 
 
@@ -143,7 +143,9 @@ def spmm(A, X, *, out_dtype=None):
         raise ValueError(f"X must have {K} rows (A is {M}x{K}), got shape {tuple(X.shape)}")
     _check_out_dtype(out_dtype)
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
-    _run_linear(A, X.T, Y.T, None, None, None, 1.0)
+    got = _run_linear(A, X.T, Y.T, None, None, None, 1.0)
+    if got.data_ptr() != Y.data_ptr():  # a library backend returned its own tensor
+        Y.T.copy_(got)
     return Y
 
 
@@ -215,7 +217,7 @@ def _run_linear(A, x, out, bias, activation, residual, scale):
     key = (x.shape[0], x.dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
            x.stride(-1) == 1)
     launch = _dispatch(A, key, lambda: _linear_launcher(_tune_linear(A, x, out, bias, activation, residual, scale), A))
-    launch(A, x, out, bias, activation, residual, scale)
+    return launch(A, x, out, bias, activation, residual, scale)
 
 
 def _tune_linear(A, x, out, bias, activation, residual, scale):

@@ -1,7 +1,8 @@
 """What is not ours but competes: cuBLAS dense, cuSPARSE (through torch.sparse), cuSPARSELt 2:4.
 
-Each backend converts the weight once (cached per format object, dropped with it) and runs
-`x @ A^T` into the caller's output. They are candidates of the tuner like our kernels, so
+Each backend converts the weight once (cached per format object, dropped with it) and
+returns `x @ A^T` (in the caller's `out`, or a tensor of its own when writing into `out`
+would cost a copy). They are candidates of the tuner like our kernels, so
 spartune is never slower than what a user would otherwise call.
 """
 from __future__ import annotations
@@ -39,16 +40,12 @@ def _finish(acc, out, bias, activation, residual, scale):
 
 
 def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
-    """cuBLAS on the decompressed weight, writing straight into `out` when it can (bias through
-    addmm); other epilogues run as separate torch ops, as a user without spartune would."""
+    """cuBLAS on the decompressed weight. Returns F.linear's own result when that is the whole
+    op (no copy into `out`); other epilogues run as separate torch ops, as a user without
+    spartune would write them."""
     w = dense_weight(A)
-    plain = activation is None and residual is None and scale == 1.0 and out.dtype == x.dtype
-    if plain and out.is_contiguous():
-        if bias is None:
-            return torch.mm(x, w.t(), out=out)
-        return torch.addmm(bias.to(w.dtype), x, w.t(), out=out)
-    if plain:
-        return out.copy_(F.linear(x, w, None if bias is None else bias.to(w.dtype)))
+    if activation is None and residual is None and scale == 1.0 and out.dtype == x.dtype:
+        return F.linear(x, w, None if bias is None else bias.to(w.dtype))
     return _finish(F.linear(x, w), out, bias, activation, residual, scale)
 
 
