@@ -69,16 +69,14 @@ def _device_name(device: torch.device) -> str:
 
 
 # --- input checks ------------------------------------------------------------------------------
-_meta: "weakref.WeakKeyDictionary[SparseFormat, tuple]" = weakref.WeakKeyDictionary()
-
-
-def _weight_meta(A, op):
-    """(dtype, device, M, K) of a checked weight, remembered: the hot path reads it per call."""
-    meta = _meta.get(A) if isinstance(A, SparseFormat) else None
-    if meta is None:
+def _state(A, op) -> dict:
+    """Per-weight dispatch state, kept beside the weight and dropped with it: its checked
+    metadata under "meta" (dtype, device, M, K) and the cached choice of every call shape."""
+    state = _choices.get(A) if isinstance(A, SparseFormat) else None
+    if state is None:
         _check_format(A, op)
-        meta = _meta[A] = (A.dtype, A.device, *A.shape)
-    return meta
+        state = _choices[A] = {"meta": (A.dtype, A.device, *A.shape)}
+    return state
 
 
 def _check_format(A, op):
@@ -114,8 +112,11 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
 
     fp16/bf16 inputs accumulate in fp32; fp32 inputs run on the tensor cores as tf32.
     """
-    dtype, device, M, K = _weight_meta(A, "linear")
-    _check_tensor("x", x, dtype=dtype, device=device, last=K)
+    state = _state(A, "linear")
+    dtype, device, M, K = state["meta"]
+    if type(x) is not torch.Tensor or x.dim() == 0 or x.shape[-1] != K or x.dtype != dtype or x.device != device \
+            or x.layout != torch.strided:
+        _check_tensor("x", x, dtype=dtype, device=device, last=K)  # raises the precise error
     if bias is not None:
         _check_tensor("bias", bias, device=device, dim=1, last=M)
     if residual is not None:
@@ -130,20 +131,24 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
     out = torch.empty((x2.shape[0], M), dtype=out_dtype or dtype, device=device)
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
-    out = _run_linear(A, x2, out, bias, activation, res2, float(scale))
+    key = (x2.shape[0], dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
+           x2.stride(1) == 1)
+    launch = state.get(key)
+    if launch is None:
+        launch = state[key] = _linear_launcher(_tune_linear(A, x2, out, bias, activation, res2, scale), A)
+    out = launch(A, x2, out, bias, activation, res2, scale)
     return out if flat else out.reshape(*x.shape[:-1], M)
 
 
 def spmm(A, X, *, out_dtype=None):
     """A @ X for X of shape (K, N). Same kernels as `linear`, on transposed views (no copies)."""
-    _check_format(A, "spmm")
-    M, K = A.shape
-    _check_tensor("X", X, dtype=A.dtype, device=A.device, dim=2)
+    _, device, M, K = _state(A, "spmm")["meta"]
+    _check_tensor("X", X, dtype=A.dtype, device=device, dim=2)
     if X.shape[0] != K:
         raise ValueError(f"X must have {K} rows (A is {M}x{K}), got shape {tuple(X.shape)}")
     _check_out_dtype(out_dtype)
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
-    got = _run_linear(A, X.T, Y.T, None, None, None, 1.0)
+    got = _run_linear(A, X.T, Y.T)
     if got.data_ptr() != Y.data_ptr():  # a library backend returned its own tensor
         Y.T.copy_(got)
     return Y
@@ -196,14 +201,12 @@ def sparse_softmax(A, *, scale: float = 1.0):
 
 # --- the dispatch point -----------------------------------------------------------------------------
 def _dispatch(A, key, tune):
-    """The one way from a public op to a kernel: the choice cached beside the weight (a dict
-    lookup), or the tuner's pick on a miss."""
-    per_weight = _choices.get(A)
-    if per_weight is None:
-        per_weight = _choices[A] = {}
-    chosen = per_weight.get(key)
+    """The cached choice for (weight, call key), or the tuner's pick on a miss. linear and
+    spmm inline this lookup on their hot path."""
+    state = _state(A, key[0])
+    chosen = state.get(key)
     if chosen is None:
-        chosen = per_weight[key] = tune()
+        chosen = state[key] = tune()
     return chosen
 
 
@@ -213,11 +216,14 @@ def _run(choice, ours, library):
     return library[choice.backend]()
 
 
-def _run_linear(A, x, out, bias, activation, residual, scale):
-    key = (x.shape[0], x.dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
-           x.stride(-1) == 1)
-    launch = _dispatch(A, key, lambda: _linear_launcher(_tune_linear(A, x, out, bias, activation, residual, scale), A))
-    return launch(A, x, out, bias, activation, residual, scale)
+def _run_linear(A, x, out):
+    """spmm's way in: the linear dispatch on transposed views, no epilogue."""
+    state = _state(A, "spmm")
+    key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1)
+    launch = state.get(key)
+    if launch is None:
+        launch = state[key] = _linear_launcher(_tune_linear(A, x, out, None, None, None, 1.0), A)
+    return launch(A, x, out, None, None, None, 1.0)
 
 
 def _tune_linear(A, x, out, bias, activation, residual, scale):
