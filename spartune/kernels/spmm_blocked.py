@@ -232,26 +232,18 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
 
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None, scale=1.0):
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
-    M, K = A.shape
+    M, K, bm, n_units, shuffled, perm, stride_a, a_desc = _weight_args(A)
+    bk = config.bk if shuffled else A.block[1]
     N = x.shape[0]
-    if isinstance(A, ShuffledBlock):
-        bm, bk, shuffled, perm, stride_a = A.v, config.bk, True, A.perm, A.values.stride(0)
-    elif isinstance(A, BlockSparse):
-        (bm, bk), shuffled, perm, stride_a = A.block, False, A.crow, 0
-    else:
-        raise TypeError(f"spmm_blocked takes BlockSparse or ShuffledBlock, got {type(A).__name__}")
-    n_units = len(A.crow) - 1
     res = residual if residual is not None else out
     grid = (n_units * triton.cdiv(N, config.bn),)
     if grid[0] == 0:
         return out
-    if config.tma and not shuffled and A.values.shape[0] > 0 and _tma_ready(x) and _tma_ready(out):
+    if config.tma and a_desc is not None and _tma_ready(x) and _tma_ready(out):
         if config.persistent:
             grid = (min(grid[0], _sm_slots(x.device, config)),)
         _blocked_spmm_tma_kernel[grid](
-            TensorDescriptor.from_tensor(x, [config.bn, bk]),
-            TensorDescriptor(A.values, [A.values.shape[0] * bm, bk], [bk, 1], [bm, bk]),
-            TensorDescriptor.from_tensor(out, [config.bn, bm]),
+            _descriptor(x, [config.bn, bk]), a_desc, _descriptor(out, [config.bn, bm]),
             A.crow, A.col, bias if bias is not None else out, res,
             M, N, n_units, res.stride(0), res.stride(1), float(scale),
             BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent,
@@ -270,6 +262,33 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
+
+
+def _weight_args(A) -> tuple:
+    """What launch needs of the weight, computed once per (immutable) weight object: the host
+    cost of a launch is paid on every call of a tuned op."""
+    cached = A.__dict__.get("_blocked_args")
+    if cached is None:
+        if isinstance(A, ShuffledBlock):
+            bm, shuffled, perm, stride_a, a_desc = A.v, True, A.perm, A.values.stride(0), None
+        elif isinstance(A, BlockSparse):
+            (bm, bk), shuffled, perm, stride_a = A.block, False, A.crow, 0
+            nnzb = A.values.shape[0]
+            # TMA reads the (nnzb * bm, bk) value rows; no descriptor over an empty array
+            a_desc = TensorDescriptor(A.values, [nnzb * bm, bk], [bk, 1], [bm, bk]) if nnzb else None
+        else:
+            raise TypeError(f"spmm_blocked takes BlockSparse or ShuffledBlock, got {type(A).__name__}")
+        cached = (*A.shape, bm, len(A.crow) - 1, shuffled, perm, stride_a, a_desc)
+        object.__setattr__(A, "_blocked_args", cached)
+    return cached
+
+
+def _descriptor(t: torch.Tensor, block: list) -> TensorDescriptor:
+    """A TMA descriptor for a tensor _tma_ready has already checked (skips the re-validation
+    TensorDescriptor's constructor would do on every call)."""
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, list(t.shape), list(t.stride()), block, "zero"
+    return desc
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
