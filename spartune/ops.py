@@ -1,8 +1,10 @@
-"""The public ops. Each checks its inputs (clear errors before any kernel runs), then goes
-through the one dispatch point, `_dispatch`, which asks the tuner for (backend, config).
+"""The public ops. Each checks its inputs (clear errors before any kernel runs), then takes
+its (backend, config) from the weight's dispatch state (`_state`); on a miss, `_tune` (the one
+place that builds candidates: our kernel configs and the library backends) asks the tuner.
 
 Hot path: a dict lookup on a small tuple per weight (cached choices live next to the weight,
-dropped with it) and the launch. Tuning runs once per (weight, shape bucket, dtype, epilogue).
+dropped with it) and the launch. Tuning runs once per (weight, call shape, dtype, epilogue);
+the tuner's own memory and DB make it a lookup for every further weight of the same problem.
 """
 from __future__ import annotations
 
