@@ -164,8 +164,10 @@ def shuffle_rows(w: torch.Tensor, v: int, density: float, iters: int = 8) -> tor
     budget = int(round(density * groups * cols))
 
     def kept_mass(assign):
-        mass = np.zeros((groups, cols), dtype=np.float64)
-        np.add.at(mass, assign, sq)
+        # rows summed per group: a (groups x rows) one-hot product runs on BLAS, unlike np.add.at
+        onehot = np.zeros((groups, rows), dtype=np.float32)
+        onehot[assign, np.arange(rows)] = 1.0
+        mass = onehot @ sq
         flat = mass.ravel()
         top = np.argpartition(flat, flat.size - budget)[flat.size - budget :] if budget else np.empty(0, int)
         keep = np.zeros(flat.size, dtype=np.float32)
