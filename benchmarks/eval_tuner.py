@@ -368,13 +368,16 @@ def _order(rows):
 
 def picks(rows, top_k: int) -> dict:
     """Indices picked by each mode, as evaluate() defines them."""
+    from spartune.tune.tuner import fast_count
+
     order = _order(rows)
     ok = [i for i in range(len(rows)) if rows[i]["seconds"] is not None]
     if not ok:
         return {}
     best = min(ok, key=lambda i: rows[i]["seconds"])
     model = next(i for i in order if rows[i]["seconds"] is not None)
-    fast_set = order[:top_k] + [i for i in order[top_k:] if rows[i]["backend"] == "dense"]
+    k = fast_count(len(rows), top_k)  # the Tuner's rule: max(top_k, a share of the space)
+    fast_set = order[:k] + [i for i in order[k:] if rows[i]["backend"] == "dense"]
     fast_ok = [i for i in fast_set if rows[i]["seconds"] is not None]
     fast = min(fast_ok, key=lambda i: rows[i]["seconds"]) if fast_ok else None
     dense = next((i for i in range(len(rows)) if rows[i]["backend"] == "dense"), None)

@@ -1,29 +1,27 @@
 """Re-score the cost model on recorded exhaustive measurements (no GPU needed).
 
-    python benchmarks/fit_model.py [--data DIR] [--top-k 6] [--split blocks|parity] [--per-problem] [--grid]
+    python benchmarks/fit_model.py [--data DIR] [--top-k 4] [--top-frac 0.06] [--split blocks|parity]
+                                   [--per-problem] [--grid]
 
 Loads DIR/eval_tuner_records.json and DIR/eval_tuner.json (benchmarks/eval_tuner.py's output;
-default benchmarks/data/, an H100 run), rebuilds every problem, recomputes each candidate's
-features with its family's CURRENT features() (the stored ones go stale when a features()
-changes; how many differ is printed) and its prediction with the CURRENT model.predict /
-model.dense_gemm_seconds on the device spec calibrated in that run, then prints
-tuner.evaluate()'s metrics: model mode (picked / best, within 15%), fast mode (top-k measured
-plus dense, within 5%), best in the model's top k, Spearman rho per problem.
+default benchmarks/data/h100-2026-11-22-run6, see its README.md), rebuilds every problem,
+recomputes each candidate's features with its family's CURRENT features() (the stored ones go
+stale when a features() changes; how many differ is printed) and its prediction with the
+CURRENT model.predict / model.dense_gemm_seconds on the device spec calibrated in that run, then
+prints tuner.evaluate()'s metrics: model mode (picked / best, within 15%), fast mode (the
+model's fast_count best measured plus dense, within 5%), best in the model's top k, Spearman
+rho per problem. These are offline numbers on recorded times, not a new GPU run.
 
-Two views, because of how the run timed candidates:
-  timed    only rows timed on the GPU (`how` bench/graph), problems with >= 2 of them. Trust this.
-  recorded every row as stored. Rows marked `how` = quick were timed by ONE call between CUDA
-           events with an idle GPU, so they include the host-side launch (45-300 us for a Triton
-           launch): for kernels of a few us they measure Python, not the GPU. eval_tuner.py
-           times a candidate that way once its quick estimate exceeds 3x the best so far, so on
-           small problems nearly all of our candidates are quick rows and the recorded "best" is
-           the one that happened to be timed properly. A model pick that lands on a quick row is
-           counted as a loss here but is undecidable (listed as such).
+Two views, because of how runs timed candidates:
+  timed    only rows timed by measure.time_callable (`how` bench/graph), problems with >= 2.
+  recorded every row as stored, including `quick` rows: a candidate already 3x slower than the
+           best so far timed by ONE call. In run6 (and later) that call is GPU time only (the
+           host enqueues behind a GPU sleep), so `--quick-rows gpu` (default there) counts them
+           as timed; in benchmarks/data/ (the first run, `--quick-rows host`) they include the
+           host launch (45-300 us) and measure Python, not the GPU.
 Both on the two halves of the suite (fit constants on `train`, judge on `test`) and on all.
-`--grid` scans the fitted constants (DeviceSpec.mem_latency_s, model.L2_TILE_SPEEDUP), scores
-each on the train half only (timed view) and shows the same rows on test. (Shfl-BW's plain-load
-factor in spmm_blocked.features is the inverse of L2_TILE_SPEEDUP, 1.5; scanning it 1.0-2.0 did
-not change the train ranking.)
+`--grid` scans the fitted constants (module constants of model.py and the kernels' features(),
+DeviceSpec latencies), scores each on the train half only and shows the same rows on test.
 `--split blocks` (default): problem i is train when (i // 4) is even; the suite cycles the four
 formats with period 4, so both halves hold every format and every N. `--split parity` (i even)
 would put block:64x64 + shfl in one half and block:32x32 + csr in the other.
@@ -33,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -47,9 +46,10 @@ if str(ROOT) not in sys.path:
 from spartune.formats import FormatStats  # noqa: E402
 from spartune.tune.model import DeviceSpec, dense_gemm_seconds, predict  # noqa: E402
 from spartune.tune.problem import Epilogue, KernelFeatures, Problem  # noqa: E402
-from spartune.tune.tuner import evaluate  # noqa: E402
+from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_count  # noqa: E402
 
 TIMED = ("bench", "graph")
+LEGACY = ROOT / "benchmarks" / "data"  # the first run: host-bound quick rows, dense always copied
 
 
 def load(data: Path):
@@ -105,22 +105,15 @@ def halves(problems: dict, split: str) -> dict:
 
 
 def timed_only(rows: list[dict]) -> list[dict]:
+    """Rows timed on the GPU (TIMED: set by --quick-rows), problems with at least two of them."""
     kept = [r for r in rows if r.get("how") in TIMED and r["seconds"] is not None]
     count = collections.Counter(r["problem"] for r in kept)
     return [r for r in kept if count[r["problem"]] >= 2]
 
 
-def model_picks(rows: list[dict]) -> dict:
-    """Per problem: (picked / best, whether the pick was GPU-timed), as evaluate() picks."""
-    out = {}
-    for pid, (model, _, _) in picks(rows, 1).items():
-        out[pid] = model
-    return out
-
-
-def picks(rows: list[dict], top_k: int) -> dict:
+def picks(rows: list[dict], top_k: int, top_frac: float = 0.0) -> dict:
     """Per problem, as evaluate() picks: model mode (ratio, pick GPU-timed) and fast mode (ratio,
-    every row it measured GPU-timed), and whether the best is in the top k."""
+    every row it measured GPU-timed)."""
     groups = collections.defaultdict(list)
     for r in rows:
         groups[r["problem"]].append(r)
@@ -130,11 +123,13 @@ def picks(rows: list[dict], top_k: int) -> dict:
         if not ok:
             continue
         best = min(r["seconds"] for r in ok)
-        order = sorted(ok, key=lambda r: math.inf if r["predicted"] is None else r["predicted"])
-        chosen = order[:top_k] + [r for r in order[top_k:] if r["backend"] == "dense"]
-        fast = min(r["seconds"] for r in chosen)
-        out[pid] = ((order[0]["seconds"] / best, order[0].get("how") in TIMED),
-                    (fast / best, all(r.get("how") in TIMED for r in chosen)), best in [r["seconds"] for r in order[:top_k]])
+        order = sorted(rs, key=lambda r: math.inf if r["predicted"] is None else r["predicted"])
+        k = fast_count(len(rs), top_k, top_frac)
+        chosen = [r for r in order[:k] + [r for r in order[k:] if r["backend"] == "dense"] if r["seconds"] is not None]
+        pick = next(r for r in order if r["seconds"] is not None)
+        fast = min(r["seconds"] for r in chosen) if chosen else math.inf
+        out[pid] = ((pick["seconds"] / best, pick.get("how") in TIMED),
+                    (fast / best, all(r.get("how") in TIMED for r in chosen)))
     return out
 
 
@@ -147,103 +142,145 @@ def line(name: str, ev: dict) -> str:
             f"rho median {'-' if rho is None else f'{rho:.2f}'}")
 
 
-def accuracy(rows: list[dict], problems: dict) -> str:
-    """Median |log(predicted / measured)| on GPU-timed rows: dense, and our five fastest per problem."""
+def _errors(rows: list[dict], problems: dict) -> dict:
+    """log(predicted / measured) on GPU-timed rows, by format: dense, and our five fastest per problem."""
     by = collections.defaultdict(list)
     groups = collections.defaultdict(list)
     for r in timed_only(rows):
         groups[r["problem"]].append(r)
     for pid, rs in groups.items():
         fmt = problems[pid].fmt.split(":")[0]
-        for r in rs:
-            if r["backend"] == "dense":
-                by["dense"].append(math.log(r["predicted"] / r["seconds"]))
+        by["dense"] += [math.log(r["predicted"] / r["seconds"]) for r in rs if r["backend"] == "dense"]
         ours = sorted((r for r in rs if r["backend"] != "dense"), key=lambda r: r["seconds"])[:5]
         by[fmt] += [math.log(r["predicted"] / r["seconds"]) for r in ours if math.isfinite(r["predicted"])]
+    return by
+
+
+def accuracy(rows: list[dict], problems: dict) -> str:
     return "  ".join(f"{k} {math.exp(np.median(np.abs(v))):.2f}x (bias {math.exp(np.median(v)):.2f})"
-                     for k, v in sorted(by.items()))
+                     for k, v in sorted(_errors(rows, problems).items()))
 
 
-def median_error(rows: list[dict]) -> float:
-    """Median |log(predicted / measured)| over GPU-timed rows (dense and our five fastest per problem)."""
-    groups = collections.defaultdict(list)
-    for r in timed_only(rows):
-        groups[r["problem"]].append(r)
-    errs = []
-    for rs in groups.values():
-        ours = sorted((r for r in rs if r["backend"] != "dense"), key=lambda r: r["seconds"])[:5]
-        errs += [abs(math.log(r["predicted"] / r["seconds"])) for r in rs if r["backend"] == "dense"]
-        errs += [abs(math.log(r["predicted"] / r["seconds"])) for r in ours if math.isfinite(r["predicted"])]
-    return float(np.median(errs))
+def median_error(rows: list[dict], problems: dict) -> float:
+    """Median |log(predicted / measured)| over dense and our five fastest per problem (GPU-timed)."""
+    return float(np.median(np.abs(np.concatenate([v for v in _errors(rows, problems).values()]))))
 
 
-def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, limit: int = 12, copy=True) -> None:
-    """Score combinations of the fitted constants on the train half (timed view)."""
+# The constants --grid scans: (module or "spec", name, values). The first value is not special;
+# the current one is marked in the output.
+def _grid_axes():
+    from spartune.kernels import spmm_blocked
     from spartune.tune import model
 
-    saved = model.L2_TILE_SPEEDUP
+    return [
+        ("spec", "mem_latency_s", (0.8e-6, 1.0e-6, 1.2e-6)),
+        ("spec", "l2_latency_s", (0.3e-6, 0.35e-6, 0.45e-6)),
+        (model, "L2_KEEP", ((0.4, 0.8), (0.5, 0.85), (0.5, 1.0))),
+        (model, "OVERLAP_LOSS", (0.15, 0.3, 0.5)),
+        (spmm_blocked, "TMA_EXTRA_TRIP", (0.25, 0.5)),
+    ]
+
+
+def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_frac: float, copy,
+         limit: int = 12) -> None:
+    """Score every combination of the fitted constants on the train half (recorded view, the
+    tuner's fast-mode rule); the same rows on test are shown, never used to choose."""
+    axes = _grid_axes()
+    saved = {(id(m), n): getattr(m, n) for m, n, _ in axes if m != "spec"}
+    current = tuple(getattr(spec, n) if m == "spec" else getattr(m, n) for m, n, _ in axes)
     rows_out = []
     try:
-        for lat in (0.4e-6, 0.6e-6, 0.8e-6, 1.0e-6, 1.25e-6, 1.5e-6):
-            for l2 in (1.0, 1.25, 1.5, 2.0):
-                model.L2_TILE_SPEEDUP = l2
-                new, _ = rescore(records, dataclasses.replace(spec, mem_latency_s=lat), problems, copy)
-                res = {}
-                for half in ("train", "test"):
-                    sub = timed_only([r for r in new if r["problem"] in sets[half]])
-                    ev = evaluate(sub, top_k=top_k, library_backends=("dense",))
-                    res[half] = (ev["model"]["within_15"], ev["fast"]["within_5"], ev["best_in_top_k"], median_error(sub))
-                rows_out.append(((lat, l2), res))
+        for values in itertools.product(*(v for _, _, v in axes)):
+            s = spec
+            for (m, n, _), v in zip(axes, values):
+                if m == "spec":
+                    s = dataclasses.replace(s, **{n: v})
+                else:
+                    setattr(m, n, v)
+            new, _ = rescore(records, s, problems, copy)
+            res = {}
+            for half in ("train", "test"):
+                sub = [r for r in new if r["problem"] in sets[half]]
+                ev = evaluate(sub, top_k=top_k, top_frac=top_frac, library_backends=("dense",))
+                res[half] = (ev["model"]["within_15"], ev["fast"]["within_5"], ev["best_in_top_k"],
+                             median_error(sub, problems))
+            rows_out.append((values, res))
     finally:
-        model.L2_TILE_SPEEDUP = saved
+        for m, n, _ in axes:
+            if m != "spec":
+                setattr(m, n, saved[(id(m), n)])
     # train score: model-mode and fast-mode hit rates and top-k, then the smaller median error
     rows_out.sort(key=lambda x: (-(x[1]["train"][0] + x[1]["train"][1] + x[1]["train"][2]), x[1]["train"][3]))
-    print("\n== grid on the train half (timed view); sorted by train model15 + fast5 + top-k, then median error ==")
-    print("latency_us l2_tile | train model15 fast5 topk err | test model15 fast5 topk err")
-    for (lat, l2), res in rows_out[:limit]:
+    print(f"\n== grid ({len(rows_out)} combinations) on the train half; sorted by train model15 + fast5 + top-k, "
+          "then median error; * = current ==")
+    print(" | ".join(n for _, n, _ in axes) + " | train model15 fast5 topk err | test model15 fast5 topk err")
+    for values, res in rows_out[:limit]:
         tr, te = res["train"], res["test"]
-        print(f"{lat * 1e6:10.2f} {l2:7.2f} | {tr[0]:13.2f} {tr[1]:5.2f} {tr[2]:4.2f} {tr[3]:.2f} | "
-              f"{te[0]:12.2f} {te[1]:5.2f} {te[2]:4.2f} {te[3]:.2f}")
+        mark = "*" if values == current else " "
+        print(f"{mark} {' '.join(str(v) for v in values)} | {tr[0]:.2f} {tr[1]:.2f} {tr[2]:.2f} {tr[3]:.3f} | "
+              f"{te[0]:.2f} {te[1]:.2f} {te[2]:.2f} {te[3]:.3f}")
+    cur = next((r for r in rows_out if r[0] == current), None)
+    if cur is not None:
+        print(f"current: rank {rows_out.index(cur) + 1} of {len(rows_out)} on train")
 
 
 def main(argv=None) -> int:
+    global TIMED
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
-    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data" / "h100-2026-11-22-run6"))
+    ap.add_argument("--top-k", type=int, default=TOP_K)
+    ap.add_argument("--top-frac", type=float, default=TOP_FRAC,
+                    help="fast mode measures max(top-k, top-frac x candidates), as the Tuner (0: exactly top-k)")
     ap.add_argument("--split", choices=("blocks", "parity"), default="blocks")
-    ap.add_argument("--per-problem", action="store_true", help="one line per problem (timed view)")
+    ap.add_argument("--per-problem", action="store_true", help="one line per problem (recorded view)")
     ap.add_argument("--grid", action="store_true", help="scan the fitted constants on the train half")
-    ap.add_argument("--dense-copy", choices=("always", "auto"), default="always",
+    ap.add_argument("--dense-copy", choices=("always", "auto"), default=None,
                     help="the recorded dense backend copied its result into out: always (runs before commit "
-                         "fe55e6a, like benchmarks/data/) or only into a transposed out (auto: later runs)")
+                         "fe55e6a, benchmarks/data/) or only into a transposed out (auto: later runs, where "
+                         "F.linear on x = X.T returns a transposed result). Default: by --data")
+    ap.add_argument("--quick-rows", choices=("host", "gpu"), default=None,
+                    help="how the run timed `quick` rows: host-bound (benchmarks/data/) or GPU time only "
+                         "(run6 and later, counted as timed). Default: by --data")
     args = ap.parse_args(argv)
 
-    summary, records, spec, problems = load(Path(args.data))
+    data = Path(args.data).resolve()
+    legacy = data == LEGACY.resolve()
+    copy = True if (args.dense_copy or ("always" if legacy else "auto")) == "always" else None
+    if (args.quick_rows or ("host" if legacy else "gpu")) == "gpu":
+        TIMED = ("bench", "graph", "quick")
+    summary, records, spec, problems = load(data)
     records = [r for r in records if r["problem"] in problems]
-    copy = True if args.dense_copy == "always" else None
     new, stale = rescore(records, spec, problems, copy)
     sets = halves(problems, args.split)
+    fast = dict(top_k=args.top_k, top_frac=args.top_frac)
     print(f"{len(problems)} problems, {len(records)} candidates ({sum(r.get('how') in TIMED for r in records)} "
           f"GPU-timed, {sum(r.get('how') == 'quick' for r in records)} quick); device {spec.name}; "
-          f"stored features stale for {stale} candidates (recomputed)")
+          f"stored features stale for {stale} candidates (recomputed); fast mode: max({args.top_k}, "
+          f"{args.top_frac} x candidates)")
     for label, rows in (("stored predictions (the run's model)", records), ("current model", new)):
         print(f"\n== {label} ==")
-        for view, rs in (("timed", timed_only(rows)), ("recorded", rows)):
+        views = (("timed", timed_only(rows)), ("recorded", rows)) if "quick" not in TIMED else (("recorded", rows),)
+        for view, rs in views:
             for half in ("train", "test", "all"):
                 sub = [r for r in rs if r["problem"] in sets[half]]
                 if any(r["seconds"] is not None for r in sub):
-                    print(line(f"{view} {half}", evaluate(sub, top_k=args.top_k, library_backends=("dense",))))
-        got = picks(rows, args.top_k)
-        undecided = sorted(pid for pid, ((ratio, timed), _, _) in got.items() if ratio > 1.15 and not timed)
-        print(f"recorded: model-mode losses on a quick-timed pick (undecidable): {len(undecided)} {' '.join(undecided)}")
-        undecided = sorted(pid for pid, (_, (ratio, timed), _) in got.items() if ratio > 1.05 and not timed)
-        print(f"recorded: fast-mode losses with quick-timed rows among those measured (undecidable): {len(undecided)} "
-              f"{' '.join(undecided)}")
+                    print(line(f"{view} {half}", evaluate(sub, **fast, library_backends=("dense",))))
+        got = picks(rows, **fast)
+        if "quick" not in TIMED:
+            undecided = sorted(pid for pid, ((ratio, timed), _) in got.items() if ratio > 1.15 and not timed)
+            print(f"recorded: model-mode losses on a quick-timed pick (undecidable): {len(undecided)} {' '.join(undecided)}")
+            undecided = sorted(pid for pid, (_, (ratio, timed)) in got.items() if ratio > 1.05 and not timed)
+            print(f"recorded: fast-mode losses with quick-timed rows among those measured (undecidable): "
+                  f"{len(undecided)} {' '.join(undecided)}")
+        print("model-mode losses (>15%): " + " ".join(f"{pid}:{m[0]:.2f}" for pid, (m, _) in sorted(got.items())
+                                                      if m[0] > 1.15))
+        print("fast-mode losses (>5%):   " + " ".join(f"{pid}:{f[0]:.2f}" for pid, (_, f) in sorted(got.items())
+                                                      if f[0] > 1.05))
         ev_t = timed_only(rows)
-        tops = {k: evaluate(ev_t, top_k=k)["best_in_top_k"] for k in (1, 2, 4, 6, 8, 12)}
+        tops = {k: evaluate(ev_t, top_k=k, top_frac=0.0)["best_in_top_k"] for k in (1, 2, 4, 6, 8, 12)}
         print("timed: best in top-k " + " ".join(f"k={k}:{v:.2f}" for k, v in tops.items()))
-        by_fmt = collections.defaultdict(lambda: [0, 0, 0])
-        for pid, (ratio, _) in model_picks(ev_t).items():
+        by_fmt = collections.defaultdict(lambda: [0, 0])
+        for pid, ((ratio, _), _) in picks(ev_t, 1).items():
             g = by_fmt[problems[pid].fmt]
             g[0] += 1
             g[1] += ratio <= 1.15
@@ -251,18 +288,20 @@ def main(argv=None) -> int:
         print("timed: prediction error (median factor): " + accuracy(rows, problems))
 
     if args.grid:
-        grid(records, spec, problems, sets, args.top_k, copy=copy)
+        grid(records, spec, problems, sets, args.top_k, args.top_frac, copy)
     if args.per_problem:
-        print("\n== per problem, current model, timed rows ==")
+        print("\n== per problem, current model ==")
         groups = collections.defaultdict(list)
-        for r in timed_only(new):
-            groups[r["problem"]].append(r)
-        for pid in sorted(groups):
+        for r in new:
+            if r["seconds"] is not None:
+                groups[r["problem"]].append(r)
+        for pid in sorted(groups, key=lambda p: int(p.lstrip("p"))):
             rs, p = groups[pid], problems[pid]
             best = min(rs, key=lambda r: r["seconds"])
             order = sorted(rs, key=lambda r: r["predicted"])
             pick = order[0]
-            print(f"{pid} {p.fmt:<11} {p.m}x{p.k} n={p.n:<4} d={p.stats.density:.2f}  {len(rs):>3} timed  "
+            half = "train" if pid in sets["train"] else "test"
+            print(f"{pid} {half:<5} {p.fmt:<11} {p.m}x{p.k} n={p.n:<4} d={p.stats.density:.2f}  {len(rs):>3} ran  "
                   f"best {best['backend']} {best['seconds'] * 1e6:.1f}us (pred {best['predicted'] * 1e6:.1f})  "
                   f"pick {pick['backend']} {pick['seconds'] * 1e6:.1f}us (pred {pick['predicted'] * 1e6:.1f})  "
                   f"best's rank {order.index(best)}")

@@ -9,7 +9,7 @@ from spartune.formats import FormatStats
 from spartune.tune.db import TuningDB
 from spartune.tune.model import H100, dense_gemm_seconds
 from spartune.tune.problem import KernelFeatures, Problem
-from spartune.tune.tuner import Candidate, Choice, Tuner, config_json, evaluate
+from spartune.tune.tuner import Candidate, Choice, Tuner, config_json, evaluate, fast_count
 
 VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0"}
 STATS = FormatStats(rows=4096, cols=4096, nnz=419430, density=0.1, unit_rows=64, units=64, items_mean=6.4,
@@ -65,6 +65,19 @@ def test_fast_measures_the_top_k_and_dense_only():
     assert (choice.backend, choice.config, choice.measured) == ("blocked", Cfg(bn=48), 0.5e-6)
     assert choice.predicted == pytest.approx(3e-6)
     assert sorted(m.calls, key=str) == sorted([("blocked", Cfg(bn=16 * (i + 1))) for i in range(4)] + [("dense", None)], key=str)
+
+
+def test_fast_measures_more_of_a_large_space():
+    # max(top_k, top_frac x candidates): 100 + dense at 6% -> the model's best 6, then dense
+    cands, m = space(n=100, measured={5: 0.5e-6, 6: 0.4e-6})
+    choice = Tuner(None, H100, measurer=m, top_k=4, top_frac=0.06).pick(problem(), cands)
+    assert choice.config == Cfg(bn=16 * 6) and len(m.calls) == 6 + 1
+    cands, m = space(n=100)
+    Tuner(None, H100, measurer=m, top_k=4, top_frac=0.0).pick(problem(), cands)
+    assert len(m.calls) == 4 + 1  # top_frac 0: exactly top_k
+    assert fast_count(20) == fast_count(45) == 4 and fast_count(221) == 13
+    with pytest.raises(ValueError, match="top_frac"):
+        Tuner(None, H100, measurer=m, top_frac=1.5)
 
 
 def test_dense_is_always_measured_and_wins_when_fastest():
@@ -249,6 +262,14 @@ def test_evaluate_on_a_known_fixture():
     assert ev["best_in_top_k"] == pytest.approx(1 / 3)
     # Spearman per problem: A +1, B (valid 1, 3, dense: times 11, 10, 30) +0.5, C -1
     assert ev["spearman_median"] == pytest.approx(0.5) and ev["spearman_mean"] == pytest.approx(1 / 6)
+
+
+def test_evaluate_scores_the_scaled_fast_mode():
+    # 4 candidates per problem at top_frac 0.5: k = max(1, 2) = 2, as evaluate(top_k=2)
+    scaled, fixed = evaluate(FIXTURE, top_k=1, top_frac=0.5), evaluate(FIXTURE, top_k=2, top_frac=0.0)
+    assert scaled["fast"] == fixed["fast"]
+    assert scaled["best_in_top_k"] == pytest.approx(1 / 3)  # still the model's top_k (1): only A
+    assert evaluate(FIXTURE, top_k=1, top_frac=0.0)["fast"]["fraction_measured"] == pytest.approx(6 / 12)
 
 
 def test_evaluate_reads_the_db_after_an_exhaustive_run(tmp_path):

@@ -10,6 +10,7 @@ spmm(A, X) is the same kernel on strided views (x = X.T, out = Y.T): nothing is 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..formats import BlockSparse, ShuffledBlock
+from ..tune.model import INDEX_CHAIN
 from ..tune.problem import KernelFeatures, Problem
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -173,6 +175,11 @@ def space(problem: Problem) -> list[Config]:
     return out
 
 
+# Fitted on the train half of benchmarks/data/h100-2026-11-22-run6 (benchmarks/fit_model.py):
+SHFL_X_PER_TRIP = 2  # Shfl-BW, 16-token strips: gathered x elements per thread per round trip
+TMA_EXTRA_TRIP = 0.25  # TMA loads: the mbarrier wait, in round trips per step
+
+
 def features(problem: Problem, config: Config) -> KernelFeatures:
     bm, _ = _unit_shape(problem)
     s = problem.stats
@@ -203,6 +210,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     # operands staged in registers (2-byte elements, two to a register)
     regs = 40 + bm * config.bn // threads
     stages = config.num_stages
+    chain_scale = 1.0  # the model's steps are index -> tile round trips (model.INDEX_CHAIN)
     if shuffled:
         # Shfl-BW's operand loads are plain loads through registers, not cp.async / TMA tile
         # copies (A's slices start at any kept column, so only 2-byte aligned; x's rows are
@@ -211,6 +219,25 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         l2_bytes *= 1.5
         regs += (bm * config.bk + config.bk * config.bn) // (2 * threads)
         stages = 1  # no loads in flight across steps
+        if config.bn <= 16 and problem.n > 1:
+            # a 16-token strip of x is gathered by scalar loads that come back in sequence: each
+            # thread's share of the (BK, BN) slice costs round trips on top of the model's
+            # index -> tile chain (decode, benchmarks/data/h100-2026-11-22-run6: a step takes
+            # ~L2 latency x elements per thread / SHFL_X_PER_TRIP; 8 warps beat 4 by 2x)
+            x_trips = config.bk * min(config.bn, problem.n) / threads / SHFL_X_PER_TRIP
+            chain_scale = (INDEX_CHAIN + x_trips) / INDEX_CHAIN
+    smem = config.num_stages * (bm * config.bk + config.bk * config.bn) * elt + (bm * config.bn * elt if config.tma else 0)
+    if config.tma:  # (BSR only)
+        # a TMA load signals an mbarrier the warps then wait on: a longer chain per step (~15%
+        # slower at decode, ~2% at prefill where the loop is throughput-bound; run6)
+        chain_scale *= (INDEX_CHAIN + TMA_EXTRA_TRIP) / INDEX_CHAIN
+    if config.persistent and config.tma:
+        # launch() runs one or two programs per SM (_sm_slots) however many would fit, and their
+        # tiles one after another (LOG.md v3): as a grid of tiles capped at that residency, the
+        # cap declared as the shared memory that leaves room for no more (KernelFeatures has no
+        # grid-size field; 2.3x slower than the grid at bn=16, about equal at decode, run6)
+        cap = 2 if config.bn * config.num_stages <= 512 else 1
+        smem = max(smem, SMEM_BYTES // (cap + 1))
     return KernelFeatures(
         # persistent programs: the flattened tl.range does not overlap a tile's loads with the
         # previous tile (never faster than the grid, LOG.md v3), so its tiles run as if launched
@@ -221,9 +248,11 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         fma_flops=0.0,
         dram_bytes=a_bytes + x_bytes + y_bytes + (s.units * s.items_mean) * 4,
         l2_bytes=l2_bytes,
-        steps_max=steps_max,
-        steps_mean=steps_mean,
-        smem_bytes=config.num_stages * (bm * config.bk + config.bk * config.bn) * elt + (bm * config.bn * elt if config.tma else 0),
+        # a longer dependent chain per step is declared as more steps (the work is spread over
+        # them, so only the latency grows)
+        steps_max=math.ceil(steps_max * chain_scale),
+        steps_mean=steps_mean * chain_scale,
+        smem_bytes=smem,
         num_warps=config.num_warps,
         num_stages=stages,
         regs_per_thread=min(255, regs),

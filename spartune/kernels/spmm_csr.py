@@ -612,6 +612,11 @@ def space(problem: Problem) -> list[Config]:
     return out
 
 
+# The dense path's fused expansion, per element, in units of the standalone expand kernel's
+# (fitted on the train half of benchmarks/data/h100-2026-11-22-run6, benchmarks/fit_model.py)
+FUSED_EXPAND_COST = 2.5
+
+
 def features(problem: Problem, config: Config) -> KernelFeatures:
     st = problem.stats
     M, K, N = problem.m, problem.k, max(1, problem.n)
@@ -677,12 +682,17 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     return KernelFeatures(
         programs=programs, tiles=programs,  # with split-K every (tile, share of K) is a work item
         mma_flops=2.0 * tm * bm * tn * bn * tk * bk,
-        fma_flops=EXPAND_FLOPS_PER_ELEMENT * tm * bm * tk * bk * tn,
+        # the expansion runs per token tile inside the GEMM's loop, where it measured about
+        # FUSED_EXPAND_COST times the standalone expand kernel's cost per element (run6: the
+        # dense path was predicted 2x fast at every N; registers shared with the accumulator)
+        fma_flops=FUSED_EXPAND_COST * EXPAND_FLOPS_PER_ELEMENT * tm * bm * tk * bk * tn,
         dram_bytes=float(w_bytes + x_bytes + y_bytes + epi_bytes),
         l2_bytes=float(w_bytes * tn + x_bytes * tm + y_bytes + epi_bytes),
         steps_max=steps, steps_mean=float(steps),
         smem_bytes=_smem_dense(problem.dtype, bm, bn, bk, config.num_stages),
-        num_warps=config.num_warps, num_stages=config.num_stages, split_k=split,
+        # the expansion's bitmap -> values chain is prefetched one chunk ahead by hand, whatever
+        # num_stages pipelines (x): one step in flight
+        num_warps=config.num_warps, num_stages=2, split_k=split,
         reduce_bytes=float(reduce), regs_per_thread=regs,
     )
 

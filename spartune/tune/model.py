@@ -7,13 +7,16 @@ the SMs, a pipelined main loop per program (num_stages - 1 loads in flight, so a
 latency is paid once per tile and again per step when the loop is latency-bound; programs
 sharing an SM hide each other's latency), throughput per step from the SM's share of the
 tensor-core / CUDA-core / L2 rates, compulsory DRAM traffic as a budget of the whole launch
-(with the write-back of the dirty lines it evicts), load imbalance (the longest tile bounds a
-short launch), the split-K reduction and launch overhead. The dense backend (cuBLAS) has its
-own roofline, `dense_gemm_seconds`.
+(with the write-back of the dirty lines it evicts; imperfectly overlapped with the loop), load
+imbalance (the longest tile bounds a short launch), the split-K reduction and launch overhead.
+It predicts what the measurer reports: the faster of a cold call (L2 flushed) and a CUDA-graph
+replay that finds a small working set still in L2 (`predict`). The dense backend (cuBLAS) has
+its own roofline, `dense_gemm_seconds`.
 
 `calibrate()` measures the rates on a CUDA device; `DeviceSpec.h100()` holds the numbers
 measured on the project's H100 (shared/PERF-NOTES.md). The few constants below were fitted on
-an exhaustive H100 run (benchmarks/fit_model.py, benchmarks/data/), each explained where it is.
+the train half of an exhaustive H100 run (benchmarks/fit_model.py --grid,
+benchmarks/data/h100-2026-11-22-run6), each explained where it is.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from .measure import GRAPH_BELOW_S
 from .problem import KernelFeatures, Problem
 
 _MATRIX_FIELD = {"float16": "mma_fp16", "bfloat16": "mma_bf16", "float32": "mma_tf32"}
@@ -58,8 +62,11 @@ class DeviceSpec:
     launch_s: float  # GPU time of an empty launch, back to back
     graph_launch_s: float  # the same inside a CUDA graph
     # a DRAM load's latency under load, dirty-line write-backs ahead of it (not calibrated: a model
-    # constant, fitted with INDEX_CHAIN on benchmarks/data/; cuBLAS at decode sizes agrees)
-    mem_latency_s: float = 1.0e-6
+    # constant, fitted with INDEX_CHAIN on benchmarks/data/h100-2026-11-22-run6)
+    mem_latency_s: float = 0.8e-6
+    # the same for an L2 hit (operands left in L2 by the previous graph replay), fitted with it:
+    # Shfl-BW's serial x gathers at decode cost ~0.3 us each, cuBLAS's K steps ~0.1 us (3 in flight)
+    l2_latency_s: float = 0.35e-6
     max_warps_per_sm: int = 64
     max_programs_per_sm: int = 32
     smem_reserved: int = 1024  # per program, taken by the runtime (Hopper)
@@ -102,7 +109,7 @@ class DeviceSpec:
 
 
 H100 = DeviceSpec.h100()
-_MODEL_CONSTANTS = ("mem_latency_s",)
+_MODEL_CONSTANTS = ("mem_latency_s", "l2_latency_s")
 
 # Tile loads by cp.async / TMA (the kernels' main loops) stream through L2 about 1.5x faster than
 # the plain loads calibrate() times: block-sparse SpMM moves ~8 TB/s of L2 traffic on the H100
@@ -113,6 +120,20 @@ L2_TILE_SPEEDUP = 1.5
 # A sparse kernel's main-loop step loads an index (block column, kept column, bitmap word) and
 # then the tile it addresses: two dependent round trips that the pipeline has to cover.
 INDEX_CHAIN = 2
+
+# Split-K partials meet in memory: an atomic add, an arrival counter, the last program's
+# read-back: dependent round trips after the main loop.
+SPLIT_FIXUP_TRIPS = 3
+
+# The measurer's graph replay finds a launch's operands still in L2 (l2_hit_share): all of them
+# when they take at most the first share of the L2, none beyond the second (set conflicts, the
+# H100's two L2 halves). benchmarks/data/h100-2026-11-22-run6: cuBLAS GEMVs on 34 MB weights
+# replay at 3.5 TB/s, above DRAM speed; 90 MB ones at 2.5.
+L2_KEEP = (0.5, 0.85)
+
+# The DRAM stream and the main loop overlap imperfectly (the first wave waits for its data, the
+# last one drains alone): this share of the shorter of the two shows.
+OVERLAP_LOSS = 0.5
 
 
 # --- occupancy -------------------------------------------------------------------------------
@@ -150,8 +171,32 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
 
     `graphed`: launches cost the in-graph latency, as the measurer replays short kernels in
     CUDA graphs and ops are meant to be captured.
+
+    The time the measurer reports (measure.time_callable) is the smaller of do_bench's, with the
+    L2 flushed before every call (cold: operands from DRAM through an L2 full of dirty lines),
+    and, for calls under GRAPH_BELOW_S, a CUDA-graph replay's, where the previous replay left
+    the operands in L2 when they fit (warm). Both are predicted and the smaller kept.
     """
     f = features
+    cold = _predict(f, device, dtype, graphed, hit=None)
+    hit = l2_hit_share(f.dram_bytes, device)
+    if graphed and hit > 0:
+        warm = _predict(f, device, dtype, graphed, hit=hit)
+        if warm < GRAPH_BELOW_S:
+            return min(cold, warm)
+    return cold
+
+
+def l2_hit_share(working_set: float, device: DeviceSpec) -> float:
+    """Share of a working set that a graph replay finds left in L2 by the previous replay: all
+    of it up to L2_KEEP[0] of the L2's size, none beyond L2_KEEP[1], linear in between."""
+    lo, hi = L2_KEEP
+    return min(1.0, max(0.0, (hi - working_set / device.l2_bytes) / (hi - lo)))
+
+
+def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: float | None) -> float:
+    """One launch, cold (hit None: after the measurer's flush) or warm (a share `hit` of the
+    working set in L2)."""
     rate_mma = device.matrix_rate(dtype) / device.sms  # per SM; also checks dtype
     launch = f.launches * (device.graph_launch_s if graphed else device.launch_s)
     if f.tiles <= 0:
@@ -161,35 +206,52 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
         return math.inf
     rate_fma = device.fma / device.sms
     rate_l2 = L2_TILE_SPEEDUP * device.l2_bw / device.sms
+    if hit is None:
+        latency, dram = device.mem_latency_s, _dram_seconds(f.dram_bytes, device)
+    else:  # replayed: the misses stream from DRAM through an L2 of clean lines (no write-backs)
+        latency = device.l2_latency_s + (1.0 - hit) * (device.mem_latency_s - device.l2_latency_s)
+        dram = (1.0 - hit) * f.dram_bytes / device.dram_bw
     # The main loop is bound per SM by its MMA, FMA and L2 traffic; a tile's work is spread
     # over its steps, and a tile costs at least one step (its output is written regardless).
     tile_s = max(f.mma_flops / rate_mma, f.fma_flops / rate_fma, f.l2_bytes / rate_l2) / f.tiles
     mean_steps = max(f.steps_mean, 1.0)
 
+    work_s = tile_s / mean_steps
+    chain = INDEX_CHAIN * latency
+
     def wave(n: int, steps: float) -> float:
         """Time of a wave of n concurrent programs each walking `steps` steps; programs on
         one SM share its throughput."""
         resident = math.ceil(n / min(device.sms, n))
-        return _loop_time(steps, tile_s / mean_steps, resident, f.num_stages, INDEX_CHAIN * device.mem_latency_s)
+        return _loop_time(steps, work_s, resident, f.num_stages, chain)
+
+    def longest(n: int, steps: float, steps_long: float) -> float:
+        """A wave of n programs of which one per SM walks `steps_long` steps, the others
+        `steps`: its own latency chain, or the SM's throughput for all of them."""
+        resident = math.ceil(n / min(device.sms, n))
+        alone = _loop_time(steps_long, work_s, 1, f.num_stages, chain)
+        return max(alone, chain + ((resident - 1) * steps + steps_long) * work_s)
 
     slots = min(f.programs, occupancy * device.sms)  # programs running at once
+    steps_max = max(f.steps_max, 1)
     if f.programs >= f.tiles:
         # a tile per program, scheduled in waves; the last wave may be partial
         full, rest = divmod(f.tiles, slots)
         body = full * wave(slots, mean_steps) + (wave(rest, mean_steps) if rest else 0.0)
-        longest = wave(min(slots, f.tiles), max(f.steps_max, 1))
+        tail = longest(min(slots, f.tiles), mean_steps, steps_max)
     else:
         # persistent programs loop over tiles; their pipeline runs across tile boundaries
         per_slot = math.ceil(f.tiles / slots)
         body = wave(slots, per_slot * mean_steps)
-        longest = wave(slots, (per_slot - 1) * mean_steps + max(f.steps_max, 1))
+        tail = longest(slots, per_slot * mean_steps, (per_slot - 1) * mean_steps + steps_max)
     # compulsory DRAM traffic is a budget of the whole launch (what each SM pulls through L2,
-    # re-reads included, is already bounded in the loop). The L2 it streams through is full of
-    # dirty lines (the previous kernel's output; the measurer's cache flush), so every line read
-    # first writes one back, up to the L2's size.
-    dram = _dram_seconds(f.dram_bytes, device) + device.mem_latency_s
+    # re-reads included, is already bounded in the loop)
+    dram += latency
+    loop = max(body, tail)
     reduce = f.reduce_bytes / device.dram_bw  # split-K partials, spread over the whole chip
-    return launch + max(body, longest, dram) + reduce
+    if f.split_k > 1:  # and the last program of a tile waits for the others' partials
+        reduce += SPLIT_FIXUP_TRIPS * latency
+    return launch + max(loop, dram) + OVERLAP_LOSS * min(loop, dram) + reduce
 
 
 def _dram_seconds(read_bytes: float, device: DeviceSpec) -> float:
@@ -263,13 +325,19 @@ def gemm_features(m: int, k: int, n: int, dtype, *, bm: int = 128, bn: int = 128
     )
 
 
+# cuBLAS as the model sees it: its main loop keeps DENSE_STAGES - 1 loads in flight, and its
+# heuristics split K at most in two (run6: 768x3072 at N <= 128 takes 6.4 us, as an unsplit
+# 48-step K loop would; splitting further would predict half that).
+DENSE_STAGES = 4
+DENSE_SPLITS = (1, 2)
+
 # A copy into a transposed `out` (the spmm layout: out = Y.T) is a strided transpose: measured on
 # the H100 at ~3.3 us per MB of output against ~0.7 us for a contiguous copy (benchmarks/data/).
 TRANSPOSED_COPY_SLOWDOWN = 5.0
 
 
 def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec, *, layout: str = "linear",
-                       out_copy: bool | None = None) -> float:
+                       out_copy: bool | None = None, graphed: bool = True) -> float:
     """Predicted time of the dense backend (backends.dense_linear): cuBLAS's GEMM on the
     decompressed (m, k) weight, plus a copy of its (n, m) result into `out` when it cannot write
     there directly.
@@ -277,23 +345,44 @@ def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec, *, lay
     The GEMM runs at the calibrated matrix rate (calibrate() times cuBLAS itself; its TMA-fed
     tiles are not L2-bound the way gemm_features' are), quantised in waves of output tiles over
     the SMs for the best of a few tilings and split-K factors, as its heuristics would choose;
-    each wave also pays a memory latency (pipeline fill and epilogue: what makes short-K GEMMs
-    slower). It is never faster than streaming its operands from DRAM (decode sizes).
+    each wave walks K in a pipelined loop that is latency-bound when the tile is small (what
+    makes long-K GEMVs slower than short-K ones). It is never faster than streaming its operands
+    from DRAM, or from L2 in a replay that left them there (decode sizes).
     `layout` "spmm" (x = X.T, out = Y.T): `out` is transposed, so the backend copies (a
-    transpose). `out_copy` overrides whether a copy happens (runs before fe55e6a always copied)."""
+    transpose). `out_copy` overrides whether a copy happens (runs before fe55e6a always copied).
+    `graphed` as in predict(): the measurer's graph replay (in-graph launches, operands possibly
+    left in L2); False for plain do_bench timing (L2 flushed, host launches)."""
     elt = _ELEMENT_BYTES[_dtype_name(dtype)]
     rate_sm = device.matrix_rate(dtype) / device.sms
-    compute = math.inf
-    for bm, bn in ((128, 256), (128, 128), (64, 128), (128, 64), (64, 64)):
-        tiles = math.ceil(m / bm) * math.ceil(n / bn)
-        for split_k in (1, 2, 4, 8, 16):
-            waves = math.ceil(tiles * split_k / device.sms)
-            compute = min(compute, waves * (2.0 * bm * bn * math.ceil(k / split_k) / rate_sm + device.mem_latency_s))
-    stream = _dram_seconds((m * k + k * n + m * n) * elt, device)
-    seconds = device.graph_launch_s + device.mem_latency_s + max(compute, stream)
-    if out_copy if out_copy is not None else layout == "spmm":
+    operands = (m * k + k * n + m * n) * elt
+
+    bk = 128 // elt  # K per main-loop step
+
+    def gemm(latency: float, stream: float) -> float:
+        compute = math.inf
+        for bm, bn in ((128, 256), (128, 128), (64, 128), (128, 64), (64, 64)):
+            tiles = math.ceil(m / bm) * math.ceil(n / bn)
+            for split_k in DENSE_SPLITS:
+                waves = math.ceil(tiles * split_k / device.sms)
+                steps = math.ceil(k / split_k / bk)
+                # a pipelined K loop (DENSE_STAGES deep) per wave; split-K partials meet in a
+                # second pass (one more launch and round trip)
+                wave = _loop_time(steps, 2.0 * bm * bn * bk / rate_sm, 1, DENSE_STAGES, latency)
+                fixup = launch + latency if split_k > 1 else 0.0
+                compute = min(compute, waves * wave + fixup)
+        return launch + latency + max(compute, stream)
+
+    launch = device.graph_launch_s if graphed else device.launch_s
+    seconds = gemm(device.mem_latency_s, _dram_seconds(operands, device))
+    hit = l2_hit_share(operands, device)
+    if graphed and hit > 0:  # a graph replay with the operands (partly) left in L2, as in predict()
+        warm = gemm(device.l2_latency_s + (1.0 - hit) * (device.mem_latency_s - device.l2_latency_s),
+                    operands * ((1.0 - hit) / device.dram_bw + hit / device.l2_bw))
+        if warm < GRAPH_BELOW_S:
+            seconds = min(seconds, warm)
+    if out_copy if out_copy is not None else (layout == "spmm" and n > 1):  # (1, m) is both layouts
         slowdown = TRANSPOSED_COPY_SLOWDOWN if layout == "spmm" else 1.0
-        seconds += device.graph_launch_s + 2.0 * m * n * elt / device.dram_bw * slowdown
+        seconds += launch + 2.0 * m * n * elt / device.dram_bw * slowdown
     return seconds
 
 

@@ -1,8 +1,8 @@
 """pick(problem, candidates) -> Choice: the tuned (backend, config) for one problem.
 
 In-memory hit → at once; DB hit → resolved against the candidates, cached; miss → rank every
-candidate by the cost model, measure a few (mode "fast": the model's top k plus every library
-backend; "exhaustive": all; "model": none), check the winner's output once (a failing or
+candidate by the cost model, measure a few (mode "fast": the model's top k, k growing with the
+size of the space (`fast_count`), plus every library backend; "exhaustive": all; "model": none), check the winner's output once (a failing or
 crashing candidate is recorded and never picked; the next one is tried), store everything,
 return. The tuner knows kernels only through Candidate: a backend name, a config dataclass,
 the cost-model features (or a predicted time) and callables that run and check it.
@@ -23,6 +23,18 @@ from .problem import KernelFeatures, Problem
 
 MODES = ("model", "fast", "exhaustive")
 _STRENGTH = {m: i for i, m in enumerate(MODES)}  # a stored choice serves modes up to its own
+
+# Fast mode measures the model's best max(TOP_K, TOP_FRAC x candidates): large spaces hold many
+# configs the model cannot tell apart (program order, TMA, stage counts at decode), so a fixed k
+# covers them worse than small ones. Offline on the H100 exhaustive run (benchmarks/LOG.md,
+# "tuner refit 2"): 6% of the space, at least 4, measures ~8% of all candidates.
+TOP_K = 4
+TOP_FRAC = 0.06
+
+
+def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> int:
+    """How many of the model's best candidates fast mode measures (library backends come on top)."""
+    return max(top_k, math.floor(top_frac * n_candidates))
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,18 +82,22 @@ class Tuner:
     """Picks and remembers the fastest candidate per problem.
 
     measurer(candidate) -> seconds; the default times candidate.run with measure.time_callable
-    (GPU only). db=None keeps choices in memory only.
+    (GPU only). db=None keeps choices in memory only. Fast mode measures the model's best
+    fast_count(len(candidates), top_k, top_frac) (top_frac=0: exactly top_k) and the libraries.
     """
 
     def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[[Candidate], float] | None = None,
-                 mode: str = "fast", top_k: int = 6):
+                 mode: str = "fast", top_k: int = TOP_K, top_frac: float = TOP_FRAC):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
+        if not 0.0 <= top_frac <= 1.0:
+            raise ValueError(f"top_frac must be between 0 and 1, got {top_frac}")
         if measurer is None:
             from .measure import measure_candidate as measurer
         self.db, self.device, self.measurer, self.mode, self.top_k = db, device_spec, measurer, mode, top_k
+        self.top_frac = top_frac
         self._memo: dict[tuple, Choice] = {}
 
     def cached(self, key: tuple) -> Choice | None:
@@ -126,7 +142,8 @@ class Tuner:
         if self.mode == "model":
             to_measure = []
         elif self.mode == "fast":
-            to_measure = order[: self.top_k] + [i for i in order[self.top_k:] if cands[i].library]
+            k = fast_count(len(cands), self.top_k, self.top_frac)
+            to_measure = order[:k] + [i for i in order[k:] if cands[i].library]
         else:
             to_measure = order
         rows = {i: self._measure(cands[i], configs[i], preds[i]) for i in to_measure}
@@ -186,13 +203,16 @@ def load_or_calibrate(db: TuningDB | None, device_index: int = 0) -> DeviceSpec:
 
 # --- evaluation ----------------------------------------------------------------------------------
 
-def evaluate(records: Iterable[dict], top_k: int = 6, library_backends: Iterable[str] = ("dense",)) -> dict:
+def evaluate(records: Iterable[dict], top_k: int = TOP_K, library_backends: Iterable[str] = ("dense",),
+             top_frac: float = TOP_FRAC) -> dict:
     """How the model and fast modes would have done, from exhaustive measurements.
 
     records: rows with 'problem' (any hashable key), 'backend', 'seconds' (None = failed) and
     'predicted' (e.g. TuningDB.results()). Per problem, model mode picks the best-predicted
-    candidate that ran; fast mode measures the top_k predicted plus the library backends and
-    picks the fastest of those. Ratios are picked time / exhaustive best (1.0 is perfect).
+    candidate that ran; fast mode measures the fast_count(candidates, top_k, top_frac) best
+    predicted plus the library backends, as Tuner does, and picks the fastest of those
+    (top_frac=0: exactly top_k). Ratios are picked time / exhaustive best (1.0 is perfect).
+    'best_in_top_k' counts the exhaustive best among the model's top_k (not the scaled count).
     """
     library = set(library_backends)
     groups = defaultdict(list)
@@ -207,7 +227,8 @@ def evaluate(records: Iterable[dict], top_k: int = 6, library_backends: Iterable
         best = min(r["seconds"] for r in valid)
         order = sorted(rows, key=_pred)
         model.append(next(r["seconds"] for r in order if r["seconds"] is not None) / best)
-        chosen = order[:top_k] + [r for r in order[top_k:] if r["backend"] in library]
+        k = fast_count(len(rows), top_k, top_frac)
+        chosen = order[:k] + [r for r in order[k:] if r["backend"] in library]
         ran = [r["seconds"] for r in chosen if r["seconds"] is not None]
         fast.append(min(ran) / best if ran else math.inf)
         measured += len(chosen)
@@ -229,6 +250,7 @@ def evaluate(records: Iterable[dict], top_k: int = 6, library_backends: Iterable
     return {
         "problems": len(model),
         "top_k": top_k,
+        "top_frac": top_frac,
         "model": summary(model),
         "fast": {**summary(fast), "fraction_measured": measured / total},
         "best_in_top_k": float(np.mean(in_top)),
