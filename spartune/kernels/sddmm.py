@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..formats import CSR, BlockSparse
 from ..tune.problem import KernelFeatures, Problem
+from ._common import swizzled_rows
 from .spmm_csr import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, _expand_chunk, csr_bitmap, dot_precision
 
 PATHS = ("gather", "dense", "block")
@@ -52,12 +53,7 @@ def _sddmm_gather_kernel(
     M, D, stride_am, stride_ad, stride_bn, stride_bd, scale,
     R: tl.constexpr, BNNZ: tl.constexpr, BD: tl.constexpr, ONE_D: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    slot = pid * R + tl.arange(0, R)
-    rvalid = slot < M
-    rows = tl.load(order_ptr + slot, mask=rvalid, other=0)
-    start = tl.load(crow_ptr + rows, mask=rvalid, other=0)
-    length = tl.load(crow_ptr + rows + 1, mask=rvalid, other=0) - start
+    rows, rvalid, start, length = swizzled_rows(tl.program_id(0), order_ptr, crow_ptr, M, R)
     a_row = a_ptr + rows[:, None] * stride_am  # (R, 1)
     dd = tl.arange(0, BD)
     if ONE_D:  # the rows of a stay in registers for all their nonzeros

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ..formats import CSR, BlockSparse
 from ..tune.problem import KernelFeatures, Problem
+from ._common import swizzled_rows
 
 PATHS = ("row", "block")
 _ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -39,12 +40,7 @@ class Config:
 @triton.jit
 def _softmax_row_kernel(crow_ptr, order_ptr, val_ptr, out_ptr, M, scale,
                         R: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    slot = pid * R + tl.arange(0, R)
-    rvalid = slot < M
-    rows = tl.load(order_ptr + slot, mask=rvalid, other=0)
-    start = tl.load(crow_ptr + rows, mask=rvalid, other=0)
-    length = tl.load(crow_ptr + rows + 1, mask=rvalid, other=0) - start
+    rows, rvalid, start, length = swizzled_rows(tl.program_id(0), order_ptr, crow_ptr, M, R)
     longest = tl.max(length, axis=0)
     jj = tl.arange(0, BLOCK)
     if longest <= BLOCK:

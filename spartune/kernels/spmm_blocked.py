@@ -22,6 +22,7 @@ from ..tune.model import INDEX_CHAIN
 from ..tune.problem import KernelFeatures, Problem
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._common import grouped_order
 from ._epilogue import ACTIVATION_CODES, epilogue
 
 
@@ -35,13 +36,7 @@ def _blocked_spmm_kernel(
 ):
     # Program order: GROUP units sweep all token strips together, so their A tiles and the
     # strips of x they share stay in L2.
-    pid = tl.program_id(0)
-    n_strips = tl.cdiv(N, BN)
-    per_group = GROUP * n_strips
-    first = (pid // per_group) * GROUP
-    size = tl.minimum(n_units - first, GROUP)
-    unit = first + (pid % per_group) % size
-    strip = (pid % per_group) // size
+    unit, strip = grouped_order(tl.program_id(0), n_units, tl.cdiv(N, BN), GROUP)
 
     offs_m = tl.arange(0, BM)
     offs_k = tl.arange(0, BK)
@@ -95,7 +90,6 @@ def _blocked_spmm_tma_kernel(
     PERSISTENT: one program per SM slot walks tiles pid, pid + P, ...; the flattened loop lets
     the next tile's loads start while this tile's epilogue runs (units hold few blocks)."""
     n_strips = tl.cdiv(N, BN)
-    per_group = GROUP * n_strips
     n_tiles = n_units * n_strips
     if PERSISTENT:
         first_tile = tl.program_id(0)
@@ -104,10 +98,8 @@ def _blocked_spmm_tma_kernel(
         first_tile = tl.program_id(0)
         step = n_tiles
     for tile in tl.range(first_tile, n_tiles, step, flatten=PERSISTENT):
-        first = (tile // per_group) * GROUP
-        size = tl.minimum(n_units - first, GROUP)
-        unit = first + (tile % per_group) % size
-        n0 = ((tile % per_group) // size) * BN
+        unit, strip = grouped_order(tile, n_units, n_strips, GROUP)
+        n0 = strip * BN
         start = tl.load(crow_ptr + unit)
         end = tl.load(crow_ptr + unit + 1)
         acc = tl.zeros((BM, BN), dtype=tl.float32)

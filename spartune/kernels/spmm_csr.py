@@ -55,6 +55,7 @@ from triton.language.extra import libdevice
 
 from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
+from ._common import grouped_order, swizzled_rows
 from ._epilogue import ACTIVATION_CODES, epilogue
 
 PATHS = ("row", "row_t", "dense", "expand")
@@ -127,11 +128,7 @@ def _spmm_row_kernel(
 ):
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    slot = pid_r * R + tl.arange(0, R)
-    rvalid = slot < M
-    rows = tl.load(order_ptr + slot, mask=rvalid, other=0)
-    start = tl.load(crow_ptr + rows, mask=rvalid, other=0)
-    length = tl.load(crow_ptr + rows + 1, mask=rvalid, other=0) - start
+    rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + toks[None, :, None] * stride_xn  # (1, BN, 1)
@@ -173,11 +170,7 @@ def _spmm_rowt_kernel(
     the gather needs no mask, and a program's x footprint is its own strip."""
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    slot = pid_r * R + tl.arange(0, R)
-    rvalid = slot < M
-    rows = tl.load(order_ptr + slot, mask=rvalid, other=0)
-    start = tl.load(crow_ptr + rows, mask=rvalid, other=0)
-    length = tl.load(crow_ptr + rows + 1, mask=rvalid, other=0) - start
+    rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + pid_n * stride_xs + tl.arange(0, BN)[None, None, :] * stride_xn  # (1, 1, BN)
@@ -269,11 +262,7 @@ def _spmm_dense_kernel(
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gsize
-    pid_n = (pid % width) // gsize
+    pid_m, pid_n = grouped_order(pid, num_m, num_n, GROUP_M)
 
     rows = pid_m * BM + tl.arange(0, BM)
     rvalid = rows < M
@@ -360,11 +349,7 @@ def _gemm_nt_kernel(
     pid = tl.program_id(0)
     num_t = tl.cdiv(N, BT)
     num_m = tl.cdiv(M, BM)
-    width = GROUP * num_m
-    first_t = (pid // width) * GROUP
-    gsize = tl.minimum(num_t - first_t, GROUP)
-    pid_t = first_t + (pid % width) % gsize
-    pid_m = (pid % width) // gsize
+    pid_t, pid_m = grouped_order(pid, num_t, num_m, GROUP)
     toks = pid_t * BT + tl.arange(0, BT)
     cols = pid_m * BM + tl.arange(0, BM)
     kk = tl.arange(0, BK)
