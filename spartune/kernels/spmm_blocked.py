@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import BlockSparse, ShuffledBlock
-from ..tune.model import INDEX_CHAIN
-from ..tune.problem import KernelFeatures, Problem
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ..formats import BlockSparse, ShuffledBlock
+from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 
 from ._common import grouped_order
 from ._epilogue import ACTIVATION_CODES, epilogue
@@ -202,7 +202,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     # operands staged in registers (2-byte elements, two to a register)
     regs = 40 + bm * config.bn // threads
     stages = config.num_stages
-    chain_scale = 1.0  # the model's steps are index -> tile round trips (model.INDEX_CHAIN)
+    chain_scale = 1.0  # the model's steps are index -> tile round trips (problem.INDEX_CHAIN)
     if shuffled:
         # Shfl-BW's operand loads are plain loads through registers, not cp.async / TMA tile
         # copies (A's slices start at any kept column, so only 2-byte aligned; x's rows are

@@ -117,9 +117,9 @@ _MODEL_CONSTANTS = ("mem_latency_s", "l2_latency_s")
 # Kernels whose loads are plain (gathers) declare the difference in their l2_bytes.
 L2_TILE_SPEEDUP = 1.5
 
-# A sparse kernel's main-loop step loads an index (block column, kept column, bitmap word) and
-# then the tile it addresses: two dependent round trips that the pipeline has to cover.
-INDEX_CHAIN = 2
+# A main-loop step's dependent round trips (index, then tile): part of the kernel contract,
+# defined in problem.py so kernels declaring longer chains need not import the model.
+from .problem import INDEX_CHAIN  # noqa: E402
 
 # Split-K partials meet in memory: an atomic add, an arrival counter, the last program's
 # read-back: dependent round trips after the main loop.

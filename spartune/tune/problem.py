@@ -60,6 +60,12 @@ def n_bucket(n: int) -> int:
     return n if n <= 16 else 1 << math.ceil(math.log2(n))
 
 
+# A sparse kernel's main-loop step loads an index (block column, kept column, bitmap word) and
+# then the tile it addresses: two dependent round trips that the pipeline has to cover. A
+# family whose step has a longer chain declares it as proportionally more steps.
+INDEX_CHAIN = 2
+
+
 @dataclass(frozen=True)
 class KernelFeatures:
     """What one (kernel family, config) does on one problem: all the cost model reads.
