@@ -16,12 +16,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
-
 from ._common import grouped_order
 from ._epilogue import ACTIVATION_CODES, epilogue
 
