@@ -23,3 +23,10 @@ def swizzled_rows(block, order_ptr, crow_ptr, M, R: tl.constexpr):
     start = tl.load(crow_ptr + rows, mask=valid, other=0)
     length = tl.load(crow_ptr + rows + 1, mask=valid, other=0) - start
     return rows, valid, start, length
+
+
+@triton.jit
+def row_chunk(s, start, length, BNNZ: tl.constexpr):
+    """Nonzeros s .. s + BNNZ of each row: which exist (R, BNNZ) and where they are stored."""
+    j = s + tl.arange(0, BNNZ)
+    return j[None, :] < length[:, None], start[:, None] + j[None, :]

@@ -38,3 +38,14 @@ def epilogue(acc, feat, feat_mask, res_off, mask, scale, bias_ptr, res_ptr,
     if HAS_RES:
         acc = acc + tl.load(res_ptr + res_off, mask=mask, other=0.0).to(tl.float32)
     return acc
+
+
+@triton.jit
+def epilogue_store(acc, feat, feat_ok, toks, tok_ok, out_ptr, stride_on, stride_om, res_ptr, stride_rn, stride_rm,
+                   scale, bias_ptr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr):
+    """Finish a (features, tokens) accumulator tile into out (tokens, features): the epilogue,
+    the cast and the masked store at any strides (out may be a transposed view)."""
+    mask = feat_ok[:, None] & tok_ok[None, :]
+    y = epilogue(acc, feat[:, None], feat_ok[:, None], toks[None, :] * stride_rn + feat[:, None] * stride_rm, mask,
+                 scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
+    tl.store(out_ptr + toks[None, :] * stride_on + feat[:, None] * stride_om, y.to(out_ptr.dtype.element_ty), mask=mask)

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..formats import CSR, BlockSparse
 from ..tune.problem import KernelFeatures, Problem
-from ._common import swizzled_rows
+from ._common import row_chunk, swizzled_rows
 from .spmm_csr import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, _expand_chunk, csr_bitmap, dot_precision
 
 PATHS = ("gather", "dense", "block")
@@ -61,9 +61,7 @@ def _sddmm_gather_kernel(
         a_all = a_all.to(tl.float32)[:, None, :]
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
-        j = s + tl.arange(0, BNNZ)
-        m = j[None, :] < length[:, None]  # (R, BNNZ)
-        off = start[:, None] + j[None, :]
+        m, off = row_chunk(s, start, length, BNNZ)  # (R, BNNZ)
         c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
         b_row = b_ptr + c[:, :, None] * stride_bn  # (R, BNNZ, 1)
         if ONE_D:

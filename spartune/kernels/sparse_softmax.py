@@ -38,6 +38,20 @@ class Config:
 
 
 @triton.jit
+def _online_update(mx, tot, x):
+    """One chunk of the running (max, sum of exp) per row; -inf rows (nothing seen) stay safe."""
+    new = tl.maximum(mx, tl.max(x, axis=1))
+    safe = tl.where(new == float("-inf"), 0.0, new)
+    return new, tot * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), axis=1)
+
+
+@triton.jit
+def _normaliser(mx, tot):
+    """(shift, 1 / sum) per row; an empty row gets (0, 1), so it writes nothing odd."""
+    return tl.where(mx == float("-inf"), 0.0, mx), 1.0 / tl.where(tot == 0.0, 1.0, tot)
+
+
+@triton.jit
 def _softmax_row_kernel(crow_ptr, order_ptr, val_ptr, out_ptr, M, scale,
                         R: tl.constexpr, BLOCK: tl.constexpr):
     rows, rvalid, start, length = swizzled_rows(tl.program_id(0), order_ptr, crow_ptr, M, R)
@@ -62,12 +76,8 @@ def _softmax_row_kernel(crow_ptr, order_ptr, val_ptr, out_ptr, M, scale,
             m = j[None, :] < length[:, None]
             x = tl.load(val_ptr + start[:, None] + j[None, :], mask=m, other=float("-inf")).to(tl.float32) * scale
             x = tl.where(m, x, float("-inf"))
-            new = tl.maximum(mx, tl.max(x, axis=1))
-            safe = tl.where(new == float("-inf"), 0.0, new)
-            tot = tot * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), axis=1)
-            mx = new
-        safe = tl.where(mx == float("-inf"), 0.0, mx)
-        inv = 1.0 / tl.where(tot == 0.0, 1.0, tot)
+            mx, tot = _online_update(mx, tot, x)
+        safe, inv = _normaliser(mx, tot)
         for s in range(0, longest, BLOCK):
             j = s + jj
             m = j[None, :] < length[:, None]
@@ -95,12 +105,8 @@ def _softmax_block_kernel(crow_ptr, bcol_ptr, val_ptr, out_ptr, M, K, scale,
         m = rvalid[:, None] & cvalid[None, :]
         x = tl.load(val_ptr + blk * (BMB * BKB) + tile).to(tl.float32) * scale
         x = tl.where(m, x, float("-inf"))
-        new = tl.maximum(mx, tl.max(x, axis=1))
-        safe = tl.where(new == float("-inf"), 0.0, new)
-        tot = tot * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), axis=1)
-        mx = new
-    safe = tl.where(mx == float("-inf"), 0.0, mx)
-    inv = 1.0 / tl.where(tot == 0.0, 1.0, tot)
+        mx, tot = _online_update(mx, tot, x)
+    safe, inv = _normaliser(mx, tot)
     for blk in range(first, last):
         cvalid = (tl.load(bcol_ptr + blk) * BKB + ci) < K
         m = rvalid[:, None] & cvalid[None, :]

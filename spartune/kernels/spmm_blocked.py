@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._common import grouped_order
-from ._epilogue import ACTIVATION_CODES, epilogue
+from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
 
 
 @triton.jit
@@ -69,11 +69,8 @@ def _blocked_spmm_kernel(
     slot = unit * BM + offs_m
     m_ok = slot < M
     feat = tl.load(perm_ptr + slot, mask=m_ok, other=0) if SHUFFLED else slot
-    feat = feat.to(tl.int64)
-    mask = m_ok[:, None] & n_ok[None, :]
-    y = epilogue(acc, feat[:, None], m_ok[:, None], offs_n[None, :] * stride_rn + feat[:, None] * stride_rm, mask,
-                 scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
-    tl.store(out_ptr + offs_n[None, :] * stride_on + feat[:, None] * stride_om, y.to(out_ptr.dtype.element_ty), mask=mask)
+    epilogue_store(acc, feat.to(tl.int64), m_ok, offs_n, n_ok, out_ptr, stride_on, stride_om, res_ptr, stride_rn,
+                   stride_rm, scale, bias_ptr, HAS_BIAS, ACT, HAS_RES)
 
 
 @triton.jit

@@ -55,8 +55,8 @@ from triton.language.extra import libdevice
 
 from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
-from ._common import grouped_order, swizzled_rows
-from ._epilogue import ACTIVATION_CODES, epilogue
+from ._common import grouped_order, row_chunk, swizzled_rows
+from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
 
 PATHS = ("row", "row_t", "dense", "expand")
 _ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -136,19 +136,14 @@ def _spmm_row_kernel(
     acc3 = tl.zeros((R, BN, BNNZ), dtype=tl.float32)
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
-        j = s + tl.arange(0, BNNZ)
-        m = j[None, :] < length[:, None]  # (R, BNNZ)
-        off = start[:, None] + j[None, :]
+        m, off = row_chunk(s, start, length, BNNZ)  # (R, BNNZ)
         c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
         v = tl.load(val_ptr + off, mask=m, other=0.0).to(tl.float32)
         xv = tl.load(x_tok + c[:, None, :] * stride_xk, mask=m[:, None, :] & tvalid[None, :, None], other=0.0)
         acc3 += xv.to(tl.float32) * v[:, None, :]
     acc = tl.sum(acc3, axis=2)
-    omask = rvalid[:, None] & tvalid[None, :]
-    acc = epilogue(acc, rows[:, None], rvalid[:, None], toks[None, :] * stride_rn + rows[:, None] * stride_rm,
-                   omask, scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
-    tl.store(out_ptr + toks[None, :] * stride_on + rows[:, None] * stride_om,
-             acc.to(out_ptr.dtype.element_ty), mask=omask)
+    epilogue_store(acc, rows, rvalid, toks, tvalid, out_ptr, stride_on, stride_om, res_ptr, stride_rn, stride_rm,
+                   scale, bias_ptr, HAS_BIAS, ACT, HAS_RES)
 
 
 @triton.jit
@@ -177,9 +172,7 @@ def _spmm_rowt_kernel(
     acc3 = tl.zeros((R, BNNZ, BN), dtype=tl.float32)
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
-        j = s + tl.arange(0, BNNZ)
-        m = j[None, :] < length[:, None]  # (R, BNNZ)
-        off = start[:, None] + j[None, :]
+        m, off = row_chunk(s, start, length, BNNZ)  # (R, BNNZ)
         v = tl.load(val_ptr + off, mask=m, other=0.0).to(tl.float32)
         if PAD_K > 0:
             c = tl.load(col_ptr + off, mask=m, other=PAD_K).to(tl.int32)
@@ -189,11 +182,8 @@ def _spmm_rowt_kernel(
             xv = tl.load(x_tok + c[:, :, None] * stride_xk, mask=m[:, :, None] & tvalid[None, None, :], other=0.0)
         acc3 += xv.to(tl.float32) * v[:, :, None]
     acc = tl.sum(acc3, axis=1)  # (R, BN)
-    omask = rvalid[:, None] & tvalid[None, :]
-    acc = epilogue(acc, rows[:, None], rvalid[:, None], toks[None, :] * stride_rn + rows[:, None] * stride_rm,
-                   omask, scale, bias_ptr, res_ptr, HAS_BIAS, ACT, HAS_RES)
-    tl.store(out_ptr + toks[None, :] * stride_on + rows[:, None] * stride_om,
-             acc.to(out_ptr.dtype.element_ty), mask=omask)
+    epilogue_store(acc, rows, rvalid, toks, tvalid, out_ptr, stride_on, stride_om, res_ptr, stride_rn, stride_rm,
+                   scale, bias_ptr, HAS_BIAS, ACT, HAS_RES)
 
 
 @triton.jit
