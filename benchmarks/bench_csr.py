@@ -287,6 +287,7 @@ def main():
     ap.add_argument("--max-configs", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop adding cases after this many seconds (default 220; 420 with --quick)")
+    ap.add_argument("--cases", default=None, help="SpMM cases NAME:N,... at 90%% (e.g. llama7b-down:2048); no SDDMM")
     ap.add_argument("--no-cusparse", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
@@ -299,7 +300,11 @@ def main():
     print(f"{rates['device']}: fp16 matrix {rates['matrix_flops'] / 1e12:.0f} TFLOP/s, DRAM {rates['dram_bw'] / 1e12:.2f} "
           f"TB/s, fp32 FMA {rates['fma_flops'] / 1e12:.1f} TFLOP/s", flush=True)
     rank, ranker = make_ranker(rates)
-    if args.quick:
+    if args.cases:
+        want = {(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")}
+        spmm = [(n, m, k, nn, 0.1) for n, m, k, nn in SPMM_CASES if (n, nn) in want]
+        sdd = []
+    elif args.quick:
         quick = (("llama7b-up", 2048), ("qkv", 16), ("qkv", 32), ("bert-ffn1", 4096))
         spmm = [(n, m, k, nn, 0.1) for n, m, k, nn in SPMM_CASES if (n, nn) in quick]
         sdd = [(4096, 64, 0.05)]

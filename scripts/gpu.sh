@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU, in one device call (about 9 minutes): the GPU tests, then the
-# kernel benchmarks and the tuner evaluation, each writing its full results under $OUT.
-#   bash scripts/gpu.sh                     # the default set below
+# What needs the GPU, in one device call each (a call may run 10 minutes): the GPU tests, then
+# benchmark runs, each writing its full results under $OUT.
+#   bash scripts/gpu.sh                     # tests (~4 min) + the quick CSR and block benches (~3 min)
+#   TESTS=0 RUNS="eval_tuner.py --budget-s 270" bash scripts/gpu.sh     # the tuner evaluation (~6 min)
 #   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ';'-separated benchmark runs
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
 set -uo pipefail
@@ -10,9 +11,20 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPARTUNE_CACHE_DIR=${SPARTUNE_CACHE_DI
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; export OUT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-timeout "${TEST_S:-150}" python -m pytest -q -rf tests/gpu -m gpu -p no:cacheprovider 2>&1 \
-  | grep -v -i warn > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log"
-IFS=';' read -ra runs <<< "${RUNS:-eval_tuner.py --budget-s 150;bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
+# the GPU tests compile hundreds of kernels: three processes at once (about 4 minutes; one
+# process took over 7)
+gpu_tests() {  # $1: log name, then pytest's selection
+  local log=$1; shift
+  timeout "${TEST_S:-300}" python -m pytest -q -rf -m gpu -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
+}
+if [ "${TESTS:-1}" = 1 ]; then
+  gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py & p1=$!
+  gpu_tests gpu_tests_csr1.log tests/gpu/test_csr_gpu.py -k "spmm_every_config" & p2=$!
+  gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config" & p3=$!
+  wait $p1 $p2 $p3
+  for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
+fi
+IFS=';' read -ra runs <<< "${RUNS:-bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
 for run in "${runs[@]}"; do
   name=$(echo "$run" | awk '{print $1}' | sed 's/\.py$//')
   echo "== $run"

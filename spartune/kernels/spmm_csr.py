@@ -538,8 +538,10 @@ def space(problem: Problem) -> list[Config]:
         # in one strip up to 32 (one pass over the values)
         # (N = 32 also in two 16-token strips: each strip's x copy is half the L1 footprint)
         for bn in sorted({min(_pow2(n), 32)} | ({16} if n > 16 else set()), reverse=True):
-            for r, bnnz, w in ((1, 256, 4), (2, 128, 4), (2, 256, 4), (1, 512, 4), (4, 128, 4), (4, 64, 4),
-                               (1, 128, 4), (8, 64, 8))[: 8 if bn == min(_pow2(n), 32) else 3]:
+            # small programs first: 1-2 warps with 32-64 nonzeros per row in flight measured best
+            # (benchmarks/profile_decode.py: qkv N=16, 2x64 on 2 warps 12.5 us vs 4x128 on 4 15.2)
+            for r, bnnz, w in ((2, 64, 2), (2, 32, 1), (1, 64, 1), (4, 32, 2), (4, 64, 4), (2, 128, 4),
+                               (1, 128, 2), (1, 256, 4))[: 8 if bn == min(_pow2(n), 32) else 3]:
                 if bnnz <= max(64, nnz_cap) and r * bnnz * bn <= 64 * 32 * w:
                     out.append(Config("row_t", r, bn, bnnz, num_warps=w, num_stages=2))
     for path in ["row"]:
