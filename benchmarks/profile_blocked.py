@@ -41,6 +41,7 @@ def main():
     p.add_argument("--density", type=float, default=0.1)
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--min-bn", type=int, default=64)
+    p.add_argument("--extra", action="store_true", help="also num_stages=1 configs (not in the space)")
     p.add_argument("--once", type=int, nargs="*", default=None, help="config indices: one call each (ncu)")
     args = p.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -59,6 +60,9 @@ def main():
             torch.cuda.synchronize()
             continue
         configs = [c for c in configs if c.bn >= args.min_bn]
+        if args.extra:
+            configs += [spmm_blocked.Config(bn, 64, w, 1, g, tma) for bn in (64, 128, 256) for w in (4, 8)
+                        for g in (1, 8) for tma in (False, True) if 64 * bn // (32 * w) <= 256]
         pre.wait(pre.collect([lambda c=c: spmm_blocked.launch(A, x, out, c) for c in configs]), timeout=240)
         d_cold, d_hot = times(lambda: F.linear(x, w))
         rows = []
