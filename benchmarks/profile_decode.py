@@ -295,6 +295,32 @@ def rowp_kernel(crow_ptr, pk_ptr, order_ptr, xt_ptr, out_ptr, M, N, stride_xs, P
              mask=rvalid[:, None] & (toks < N)[None, :])
 
 
+@triton.jit
+def rowr_kernel(crow_ptr, col_ptr, val_ptr, order_ptr, xt_ptr, out_ptr, M, N, stride_xs, PAD_K,
+                R: tl.constexpr, BN: tl.constexpr, BNNZ: tl.constexpr, CG: tl.constexpr):
+    """row_t that reduces over the nonzero axis every step: a (R, BN) accumulator instead of
+    (R, BNNZ, BN), trading shuffles per step for registers (occupancy)."""
+    pid_r = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
+    x_tok = xt_ptr + pid_n * stride_xs + tl.arange(0, BN)[None, None, :]
+    acc = tl.zeros((R, BN), dtype=tl.float32)
+    longest = tl.max(length, axis=0)
+    for s in range(0, longest, BNNZ):
+        m, off = row_chunk(s, start, length, BNNZ)
+        if CG:
+            v = tl.load(val_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
+            c = tl.load(col_ptr + off, mask=m, other=PAD_K, cache_modifier=".cg").to(tl.int32)
+        else:
+            v = tl.load(val_ptr + off, mask=m, other=0.0)
+            c = tl.load(col_ptr + off, mask=m, other=PAD_K).to(tl.int32)
+        xv = tl.load(x_tok + c[:, :, None] * BN)
+        acc += tl.sum(xv.to(tl.float32) * v.to(tl.float32)[:, :, None], axis=1)
+    toks = pid_n * BN + tl.arange(0, BN)
+    tl.store(out_ptr + toks[None, :] * M + rows[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=rvalid[:, None] & (toks < N)[None, :])
+
+
 def xt_copy(x, bn, xt=None):
     """row_t's padded token-strip copy of x, made by the shipped transpose kernel."""
     N, K = x.shape
@@ -363,11 +389,26 @@ def main():
                     A.crow, A.col, A.values, A.row_order, xt, out, M, N, (K + 1) * bn,
                     R=r, BN=bn, BNNZ=bnnz, PAD_K=K, num_warps=wps, num_stages=stg)
                 rows.append((N, f"prefetch kernel {r}x{bnnz} w{wps} s{stg} bn{bn}", t(kern), check("prefetch")))
+            for r, bnnz, wps, cg in ((2, 64, 2, False), (2, 64, 2, True), (4, 64, 2, True), (4, 128, 4, True),
+                                     (8, 64, 4, True), (2, 128, 2, True), (1, 128, 1, True), (4, 32, 1, True),
+                                     (8, 128, 8, True), (16, 64, 8, True), (1, 256, 2, True), (2, 256, 4, True))[: 2 if args.once else 12]:
+                grid = (triton.cdiv(M, r), strips)
+                kern = lambda: rowr_kernel[grid](  # noqa: E731
+                    A.crow, A.col, A.values, A.row_order, xt, out, M, N, (K + 1) * bn, K,
+                    R=r, BN=bn, BNNZ=bnnz, CG=cg, num_warps=wps)
+                name = f"rowr {r}x{bnnz} w{wps} cg{int(cg)} bn{bn}"
+                try:
+                    rows.append((N, name, t(kern), check("rowr")))
+                    if not args.once:
+                        whole = lambda: (xt_copy(x, bn, xt), kern())  # noqa: E731
+                        rows.append((N, name + " whole cold", bench_cold(whole) * 1e6, ""))
+                except Exception as e:  # noqa: BLE001
+                    rows.append((N, f"{name} FAILED {str(e)[:80]}", float("nan"), ""))
             pk = packed_words(A)
             for r, bnnz, wps, ns, xca, cg in ((2, 64, 2, 1, False, False), (2, 64, 2, 1, True, True), (2, 64, 2, 1, False, True),
                                               (4, 32, 2, 1, True, True), (4, 64, 4, 1, True, True), (1, 128, 2, 1, True, True),
                                               (2, 32, 1, 1, True, True), (8, 32, 4, 1, True, True), (4, 16, 1, 1, True, True),
-                                              (1, 64, 1, 1, True, True))[: 3 if args.once else 10]:
+                                              (1, 64, 1, 1, True, True))[: 0 if args.once else 0]:
                 if r * bnnz * bn > 64 * 32 * wps:
                     continue
                 grid = (triton.cdiv(M, r), strips)
