@@ -1,11 +1,11 @@
 """Decode-size CSR SpMM (issue 4, N <= 32): where the time goes, and experimental kernels.
 
-    python benchmarks/profile_decode.py            # timing table (graph replay)
-    ncu ... python benchmarks/profile_decode.py --once   # one call of each kernel, for ncu
+    python benchmarks/profile_decode.py [--variants row_t,rowr,rowp,...] [--n 16 32]
+    ncu ... python benchmarks/profile_decode.py --once --variants rowr   # one call each, for ncu
 
-Times, on qkv 4096x4096 at 90% sparsity, fp16: cuBLAS, the shipped row_t path whole and in its
-two parts (transpose copy, kernel), and the experimental kernels below. The experiments live
-here until one wins; then it moves to spartune/kernels/spmm_csr.py.
+Times, on qkv 4096x4096 at 90% sparsity, fp16: cuBLAS, the transpose copy, the shipped row_t
+kernel and the experimental kernels below (benchmarks/LOG.md, "CSR decode": what each tried
+and measured; none moved decode by more than ~20%, so none moved into spartune/kernels).
 """
 from __future__ import annotations
 
@@ -332,10 +332,69 @@ def xt_copy(x, bn, xt=None):
     return xt
 
 
+# every variant: its configs (the ones measured in benchmarks/LOG.md) and how to launch one
+VARIANTS = {
+    "row_t": [(2, 64, 2), (4, 64, 4)],  # (rows, nonzeros per step, warps): the shipped kernel
+    "prefetch": [(2, 64, 2), (4, 64, 4), (4, 128, 4)],
+    "rowr": [(2, 64, 2), (4, 64, 2), (2, 128, 2), (1, 128, 1), (4, 32, 1), (1, 256, 2)],
+    "rowp": [(2, 64, 2), (4, 32, 2), (2, 32, 1), (1, 64, 1)],
+    "rowv": [(2, 64, 2), (4, 32, 2), (8, 32, 4)],
+    "rowk": [(2, 64, 2), (8, 64, 4), (4, 32, 2)],  # K slices of 1024 columns
+    "slab": [(8, 128, 4), (8, 256, 4), (4, 128, 2), (16, 256, 4)],  # (rows per slice, entries per step, warps)
+    "flat": [(8, 128, 4), (16, 256, 4)],
+}
+
+
+def launcher(variant, cfg, A, x, xt, out, bn, cache):
+    """A zero-argument launch of one experimental kernel (the x^T strips xt already made)."""
+    M, K = A.shape
+    N = x.shape[0]
+    r, step, wps = cfg
+    grid = (triton.cdiv(M, r), triton.cdiv(N, bn))
+    xs = (K + 1) * bn
+    if variant == "row_t":
+        return lambda: spmm_csr._spmm_rowt_kernel[grid](
+            A.crow, A.col, A.values, A.row_order, xt, out, out, out, M, N, 1, bn, xs,
+            out.stride(0), out.stride(1), 0, 0, 1.0, R=r, BN=bn, BNNZ=step, PAD_K=K,
+            HAS_BIAS=False, ACT=0, HAS_RES=False, num_warps=wps, num_stages=2)
+    if variant == "prefetch":
+        return lambda: rowt_prefetch_kernel[grid](A.crow, A.col, A.values, A.row_order, xt, out, M, N, xs,
+                                                  R=r, BN=bn, BNNZ=step, PAD_K=K, num_warps=wps)
+    if variant == "rowr":
+        return lambda: rowr_kernel[grid](A.crow, A.col, A.values, A.row_order, xt, out, M, N, xs, K,
+                                         R=r, BN=bn, BNNZ=step, CG=True, num_warps=wps)
+    if variant == "rowp":
+        pk = cache.setdefault("packed", packed_words(A))
+        return lambda: rowp_kernel[grid](A.crow, pk, A.row_order, xt, out, M, N, xs, K,
+                                         R=r, BN=bn, BNNZ=step, NS=1, XCA=True, CG=True, num_warps=wps)
+    if variant == "rowv":
+        starts, lens, pcols, pvals = cache.setdefault("padded", padded_csr(A))
+        return lambda: rowv_kernel[grid](starts, lens, pcols, pvals, A.row_order, xt, out, M, N, xs, K,
+                                         R=r, BN=bn, BNNZ=step, PREFETCH=True, num_warps=wps)
+    if variant == "rowk":
+        kc = 1024
+        split = triton.cdiv(K, kc)
+        _, woff = spmm_csr.csr_bitmap(A)
+        ws = torch.empty(split * N * M, device=x.device, dtype=torch.float32)
+        locks = torch.zeros(grid[0] * grid[1], device=x.device, dtype=torch.int32)
+        return lambda: rowk_kernel[(grid[0], split, grid[1])](
+            A.crow, woff, A.col, A.values, A.row_order, xt, out, ws, locks, M, N, woff.shape[1], xs, K,
+            R=r, BN=bn, BNNZ=step, KC=kc, SPLIT=split, CG=True, num_warps=wps)
+    if variant == "slab":
+        vals, cols, off, lens, orows = cache.setdefault(("slab", r), ell_slabs(A, r))
+        return lambda: slab_kernel[(off.numel() - 1, grid[1])](
+            off, lens, orows, cols, vals, xt, out, M, N, xs, K,
+            R=r, RD=max(r, 16), BN=bn, BF=step, SCALE_B=True, num_warps=wps, num_stages=3)
+    if variant == "flat":
+        return lambda: flat_kernel[grid](A.crow, A.col, A.values, xt, out, M, N, xs,
+                                         R=r, RD=max(r, 16), BN=bn, BNNZ=step, PAD_K=K, num_warps=wps)
+    raise ValueError(variant)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--once", action="store_true", help="one call of each kernel (for ncu)")
-    p.add_argument("--flat", action="store_true", help="also the flat one-hot kernel (slow: 27-35 us)")
+    p.add_argument("--variants", default="row_t,rowr", help=f"comma-separated, of {','.join(VARIANTS)}")
+    p.add_argument("--once", action="store_true", help="one call of each kernel, untimed (for ncu)")
     p.add_argument("--n", type=int, nargs="*", default=[16, 32])
     args = p.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -343,154 +402,43 @@ def main():
     w = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=gen)
     w = w * (torch.rand(M, K, device="cuda", generator=gen) < 0.1)
     A = st.CSR.from_dense(w)
-    A_plain = st.CSR.from_dense(w)  # same data; row_order unused by flat
-    rows = []
+    rows, cache = [], {}
 
-    def t(fn):
+    def hot(fn):
         fn()
         torch.cuda.synchronize()
-        if args.once:
-            return float("nan")
-        return do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+        return float("nan") if args.once else do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+
+    def cold(fn):
+        return float("nan") if args.once else bench_cold(fn) * 1e6
 
     for N in args.n:
         x = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=gen)
         out = torch.empty(N, M, device="cuda", dtype=torch.float16)
         ref = F.linear(x.float(), w.float())
-
-        def check(name):
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            if not err < 2e-2:
-                print(f"WRONG {name}: rel err {err:.2e}")
-            return err
-
-        rows.append((N, "cuBLAS", t(lambda: F.linear(x, w)), ""))
-        if not args.once:
-            rows.append((N, "cuBLAS cold", bench_cold(lambda: F.linear(x, w)) * 1e6, ""))
+        rows.append((N, "cuBLAS", hot(lambda: F.linear(x, w)), cold(lambda: F.linear(x, w)), ""))
         for bn in sorted({min(N, 32), 16}):
-            strips = triton.cdiv(N, bn)
             xt = xt_copy(x, bn)
-            rows.append((N, f"transpose bn={bn}", t(lambda: xt_copy(x, bn)), ""))
-            for r, bnnz, wps, stg in ((2, 64, 2, 2), (4, 64, 4, 2))[: 0 if args.once else 2]:
-                if r * bnnz * bn > 64 * 32 * wps:
-                    continue
-                cfg = spmm_csr.Config("row_t", r, bn, bnnz, num_warps=wps, num_stages=stg)
-                rows.append((N, f"row_t whole {r}x{bnnz} w{wps} s{stg} bn{bn}",
-                             t(lambda: spmm_csr.launch(A, x, out, cfg)), check("row_t")))
-                if r == 2 and bnnz == 64 and not args.once:
-                    rows.append((N, f"row_t whole {r}x{bnnz} cold", bench_cold(lambda: spmm_csr.launch(A, x, out, cfg)) * 1e6, ""))
-                grid = (triton.cdiv(M, r), strips)
-                kern = lambda: spmm_csr._spmm_rowt_kernel[grid](  # noqa: E731
-                    A.crow, A.col, A.values, A.row_order, xt, out, out, out, M, N, 1, bn, (K + 1) * bn,
-                    out.stride(0), out.stride(1), 0, 0, 1.0, R=r, BN=bn, BNNZ=bnnz, PAD_K=K,
-                    HAS_BIAS=False, ACT=0, HAS_RES=False, num_warps=wps, num_stages=stg)
-                rows.append((N, f"row_t kernel {r}x{bnnz} w{wps} s{stg} bn{bn}", t(kern), ""))
-                kern = lambda: rowt_prefetch_kernel[grid](  # noqa: E731
-                    A.crow, A.col, A.values, A.row_order, xt, out, M, N, (K + 1) * bn,
-                    R=r, BN=bn, BNNZ=bnnz, PAD_K=K, num_warps=wps, num_stages=stg)
-                rows.append((N, f"prefetch kernel {r}x{bnnz} w{wps} s{stg} bn{bn}", t(kern), check("prefetch")))
-            for r, bnnz, wps, cg in ((2, 64, 2, False), (2, 64, 2, True), (4, 64, 2, True), (4, 128, 4, True),
-                                     (8, 64, 4, True), (2, 128, 2, True), (1, 128, 1, True), (4, 32, 1, True),
-                                     (8, 128, 8, True), (16, 64, 8, True), (1, 256, 2, True), (2, 256, 4, True))[: 2 if args.once else 12]:
-                grid = (triton.cdiv(M, r), strips)
-                kern = lambda: rowr_kernel[grid](  # noqa: E731
-                    A.crow, A.col, A.values, A.row_order, xt, out, M, N, (K + 1) * bn, K,
-                    R=r, BN=bn, BNNZ=bnnz, CG=cg, num_warps=wps)
-                name = f"rowr {r}x{bnnz} w{wps} cg{int(cg)} bn{bn}"
-                try:
-                    rows.append((N, name, t(kern), check("rowr")))
-                    if not args.once:
+            rows.append((N, f"transpose bn={bn}", hot(lambda: xt_copy(x, bn, xt)), float("nan"), ""))
+            for variant in args.variants.split(","):
+                for cfg in VARIANTS[variant]:
+                    r, step, wps = cfg
+                    if variant.startswith("row") and r * step * bn > 64 * 32 * wps:
+                        continue  # over 64 fp32 accumulators per thread
+                    name = f"{variant} {r}x{step} w{wps} bn{bn}"
+                    try:
+                        kern = launcher(variant, cfg, A, x, xt, out, bn, cache)
+                        out.fill_(float("nan"))
+                        t_kernel = hot(kern)
+                        err = ((out.float() - ref).norm() / ref.norm()).item()
                         whole = lambda: (xt_copy(x, bn, xt), kern())  # noqa: E731
-                        rows.append((N, name + " whole cold", bench_cold(whole) * 1e6, ""))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((N, f"{name} FAILED {str(e)[:80]}", float("nan"), ""))
-            pk = packed_words(A)
-            for r, bnnz, wps, ns, xca, cg in ((2, 64, 2, 1, False, False), (2, 64, 2, 1, True, True), (2, 64, 2, 1, False, True),
-                                              (4, 32, 2, 1, True, True), (4, 64, 4, 1, True, True), (1, 128, 2, 1, True, True),
-                                              (2, 32, 1, 1, True, True), (8, 32, 4, 1, True, True), (4, 16, 1, 1, True, True),
-                                              (1, 64, 1, 1, True, True))[: 0 if args.once else 0]:
-                if r * bnnz * bn > 64 * 32 * wps:
-                    continue
-                grid = (triton.cdiv(M, r), strips)
-                kern = lambda: rowp_kernel[grid](  # noqa: E731
-                    A.crow, pk, A.row_order, xt, out, M, N, (K + 1) * bn, K,
-                    R=r, BN=bn, BNNZ=bnnz, NS=ns, XCA=xca, CG=cg, num_warps=wps)
-                name = f"rowp {r}x{bnnz} w{wps} ns{ns} xlast{int(xca)} cg{int(cg)} bn{bn}"
-                try:
-                    rows.append((N, name, t(kern), check("rowp")))
-                    if not args.once:
-                        whole = lambda: (xt_copy(x, bn, xt), kern())  # noqa: E731
-                        rows.append((N, name + " whole cold", bench_cold(whole) * 1e6, ""))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((N, f"{name} FAILED {str(e)[:80]}", float("nan"), ""))
-            starts, lens, pcols, pvals = padded_csr(A)
-            for r, bnnz, wps, pf in ((2, 64, 2, False), (2, 64, 2, True), (4, 64, 4, True), (4, 128, 4, False),
-                                     (2, 128, 4, True), (1, 128, 2, True), (8, 32, 4, True), (4, 32, 2, True),
-                                     (1, 256, 4, True), (8, 64, 8, True))[: 0 if args.once else 0]:
-                if r * bnnz * bn > 64 * 32 * wps:
-                    continue
-                grid = (triton.cdiv(M, r), strips)
-                kern = lambda: rowv_kernel[grid](  # noqa: E731
-                    starts, lens, pcols, pvals, A.row_order, xt, out, M, N, (K + 1) * bn, K,
-                    R=r, BN=bn, BNNZ=bnnz, PREFETCH=pf, num_warps=wps, num_stages=2)
-                name = f"rowv {r}x{bnnz} w{wps} pf{int(pf)} bn{bn}"
-                rows.append((N, name, t(kern), check("rowv")))
-                if not args.once:
-                    whole = lambda: (xt_copy(x, bn, xt), kern())  # noqa: E731
-                    rows.append((N, name + " whole cold", bench_cold(whole) * 1e6, ""))
-            bits, woff = spmm_csr.csr_bitmap(A)
-            for r, bnnz, wps, kc in ((2, 64, 2, 1024), (8, 64, 4, 1024), (2, 128, 4, 2048), (4, 32, 2, 1024))[: 0 if args.once else 4]:
-                if r * bnnz * bn > 64 * 32 * wps:
-                    continue
-                split = triton.cdiv(K, kc)
-                ws = torch.empty(split * N * M, device="cuda", dtype=torch.float32)
-                locks = torch.zeros(triton.cdiv(M, r) * strips, device="cuda", dtype=torch.int32)
-                grid = (triton.cdiv(M, r), split, strips)
-                kern = lambda: rowk_kernel[grid](  # noqa: E731
-                    A.crow, woff, A.col, A.values, A.row_order, xt, out, ws, locks, M, N, woff.shape[1],
-                    (K + 1) * bn, K, R=r, BN=bn, BNNZ=bnnz, KC=kc, SPLIT=split, CG=True, num_warps=wps, num_stages=2)
-                name = f"rowk cg {r}x{bnnz} w{wps} kc{kc} bn{bn}"
-                try:
-                    rows.append((N, name, t(kern), check("rowk")))
-                    if not args.once:
-                        whole = lambda: (xt_copy(x, bn, xt), kern())  # noqa: E731
-                        rows.append((N, name + " whole", t(whole), ""))
-                        rows.append((N, name + " whole cold", bench_cold(whole) * 1e6, ""))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((N, f"{name} FAILED {str(e)[:80]}", float("nan"), ""))
-            for r, bf, wps, stg, sb in ((16, 256, 4, 3, True), (16, 256, 4, 3, False), (8, 256, 4, 3, True),
-                                        (4, 256, 4, 3, True), (8, 128, 4, 3, True), (8, 512, 4, 3, True),
-                                        (4, 128, 2, 3, True), (8, 256, 2, 3, True), (4, 256, 4, 3, False),
-                                        (8, 256, 4, 1, True), (16, 512, 8, 3, True), (4, 512, 4, 2, True))[: 0 if args.once else 0]:
-                slabs = ell_slabs(A, r)
-                vals, cols, off, lens, orows = slabs
-                grid = (off.numel() - 1, strips)
-                kern = lambda: slab_kernel[grid](  # noqa: E731
-                    off, lens, orows, cols, vals, xt, out, M, N, (K + 1) * bn, K,
-                    R=r, RD=max(r, 16), BN=bn, BF=bf, SCALE_B=sb, num_warps=wps, num_stages=stg)
-                try:
-                    name = f"slab {r}x{bf} w{wps} s{stg} {'scaleB' if sb else 'selA'} bn{bn}"
-                    rows.append((N, name, t(kern), check("slab")))
-                    if not args.once:
-                        whole = lambda: (xt_copy(x, bn, xt), kern())  # noqa: E731
-                        rows.append((N, name + " whole", t(whole), ""))
-                        rows.append((N, name + " whole cold", bench_cold(whole) * 1e6, ""))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((N, f"slab {r}x{bf} FAILED {str(e)[:80]}", float("nan"), ""))
-            for r, rd, bnnz, wps, stg in ((16, 16, 256, 4, 3), (16, 16, 128, 4, 3), (8, 16, 256, 4, 3),
-                                          (16, 16, 512, 4, 3), (16, 16, 256, 4, 1), (32, 32, 256, 4, 3),
-                                          (4, 16, 256, 4, 3), (8, 16, 128, 4, 4))[: 8 if args.flat else 0]:
-                grid = (triton.cdiv(M, r), strips)
-                kern = lambda: flat_kernel[grid](  # noqa: E731
-                    A_plain.crow, A_plain.col, A_plain.values, xt, out, M, N, (K + 1) * bn,
-                    R=r, RD=rd, BN=bn, BNNZ=bnnz, PAD_K=K, num_warps=wps, num_stages=stg)
-                try:
-                    rows.append((N, f"flat kernel {r}/{rd}x{bnnz} w{wps} s{stg} bn{bn}", t(kern), check("flat")))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((N, f"flat {r}/{rd}x{bnnz} FAILED {str(e)[:80]}", float("nan"), ""))
-    print(f"qkv {M}x{K} d=0.1 nnz={A.values.numel()} col {A.col.dtype}; times in us (graph replay median)")
-    for N, name, us, err in rows:
-        print(f"N={N:3d} {name:45s} {us:8.2f} {err if isinstance(err, str) else f'{err:.1e}'}")
+                        rows.append((N, name, t_kernel, cold(whole), f"{err:.1e}" if err < 2e-2 else f"WRONG {err:.1e}"))
+                    except Exception as e:  # noqa: BLE001
+                        rows.append((N, name, float("nan"), float("nan"), f"FAILED {str(e)[:80]}"))
+    print(f"qkv {M}x{K} d=0.1 nnz={A.values.numel()} col {A.col.dtype}; us: kernel alone, hot (graph replay); "
+          "whole (transpose + kernel), cold (L2 flushed); cuBLAS: hot and cold")
+    for N, name, t_hot, t_cold, note in rows:
+        print(f"N={N:3d} {name:32s} {t_hot:8.2f} {t_cold:8.2f}  {note}")
 
 
 if __name__ == "__main__":
