@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -44,6 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from spartune.formats import FormatStats  # noqa: E402
+from spartune.tune import model  # noqa: E402
 from spartune.tune.model import DeviceSpec, dense_gemm_seconds, predict  # noqa: E402
 from spartune.tune.problem import Epilogue, KernelFeatures, Problem  # noqa: E402
 from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_count  # noqa: E402
@@ -74,28 +76,51 @@ def family(backend: str):
     return {"blocked": spmm_blocked, "csr": spmm_csr}.get(backend)
 
 
-def rescore(records, spec: DeviceSpec, problems: dict, copy: bool = True) -> tuple[list[dict], int]:
+def rescore(records, spec: DeviceSpec, problems: dict, copy: bool = True, warm: bool = True) -> tuple[list[dict], int]:
     """Records with 'predicted' recomputed by the current features() and model; also returns
     how many stored features differed from the recomputed ones. `copy`: the recorded dense
-    backend copied its result into `out` (true of runs before commit fe55e6a)."""
+    backend copied its result into `out` (true of runs before commit fe55e6a). `warm`: the
+    run's graph replays found the L2 as the previous call left it (runs 6 and 7; see
+    warm_replays)."""
     out, stale, failed = [], 0, {}
-    for r in records:
-        p = problems[r["problem"]]
-        mod = family(r["backend"])
-        if mod is None:  # the dense library backend; in runs before fe55e6a it always copied into `out`
-            pred = dense_gemm_seconds(p.m, p.k, p.n, p.dtype, spec, layout=p.layout, out_copy=copy)
-        else:
-            try:
-                f = mod.features(p, mod.Config(**r["config"]))
-            except Exception as e:  # the family's Config or features() moved on: keep the stored features
-                f = KernelFeatures(**r["features"])
-                failed[r["backend"]] = f"{type(e).__name__}: {e}"
-            stale += r.get("features") is not None and dataclasses.asdict(f) != r["features"]
-            pred = predict(f, spec, p.dtype)
-        out.append({**r, "predicted": pred})
+    with replays_warm(warm):
+        for r in records:
+            row, differs = _rescored(r, spec, problems[r["problem"]], copy, failed)
+            out.append(row)
+            stale += differs
     for backend, error in failed.items():
         print(f"warning: {backend}: features() failed on stored configs, stored features used ({error})")
     return out, stale
+
+
+def warm_replays(summary: dict) -> bool:
+    """Whether a recorded run replayed short calls without evicting the L2 (runs 6 and 7 did;
+    eval_tuner.py records 'replay_evicts_l2' since)."""
+    return not summary.get("replay_evicts_l2", False)
+
+
+@contextlib.contextmanager
+def replays_warm(warm: bool):
+    """Predict as the recorded run's measurer timed (model.REPLAY_WARM), restored on exit."""
+    saved = model.REPLAY_WARM
+    model.REPLAY_WARM = warm
+    try:
+        yield
+    finally:
+        model.REPLAY_WARM = saved
+
+
+def _rescored(r: dict, spec: DeviceSpec, p: Problem, copy, failed: dict) -> tuple[dict, bool]:
+    mod = family(r["backend"])
+    if mod is None:  # the dense library backend; in runs before fe55e6a it always copied into `out`
+        return {**r, "predicted": dense_gemm_seconds(p.m, p.k, p.n, p.dtype, spec, layout=p.layout, out_copy=copy)}, False
+    try:
+        f = mod.features(p, mod.Config(**r["config"]))
+    except Exception as e:  # the family's Config or features() moved on: keep the stored features
+        f = KernelFeatures(**r["features"])
+        failed[r["backend"]] = f"{type(e).__name__}: {e}"
+    differs = r.get("features") is not None and dataclasses.asdict(f) != r["features"]
+    return {**r, "predicted": predict(f, spec, p.dtype)}, differs
 
 
 def halves(problems: dict, split: str) -> dict:
@@ -182,7 +207,7 @@ def _grid_axes():
 
 
 def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_frac: float, copy,
-         limit: int = 12) -> None:
+         limit: int = 12, warm: bool = True) -> None:
     """Score every combination of the fitted constants on the train half (recorded view, the
     tuner's fast-mode rule); the same rows on test are shown, never used to choose."""
     axes = _grid_axes()
@@ -197,7 +222,7 @@ def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_
                     s = dataclasses.replace(s, **{n: v})
                 else:
                     setattr(m, n, v)
-            new, _ = rescore(records, s, problems, copy)
+            new, _ = rescore(records, s, problems, copy, warm)
             res = {}
             for half in ("train", "test"):
                 sub = [r for r in new if r["problem"] in sets[half]]
@@ -250,7 +275,7 @@ def main(argv=None) -> int:
         TIMED = ("bench", "graph", "quick")
     summary, records, spec, problems = load(data)
     records = [r for r in records if r["problem"] in problems]
-    new, stale = rescore(records, spec, problems, copy)
+    new, stale = rescore(records, spec, problems, copy, warm_replays(summary))
     sets = halves(problems, args.split)
     fast = dict(top_k=args.top_k, top_frac=args.top_frac)
     print(f"{len(problems)} problems, {len(records)} candidates ({sum(r.get('how') in TIMED for r in records)} "
@@ -288,7 +313,7 @@ def main(argv=None) -> int:
         print("timed: prediction error (median factor): " + accuracy(rows, problems))
 
     if args.grid:
-        grid(records, spec, problems, sets, args.top_k, args.top_frac, copy)
+        grid(records, spec, problems, sets, args.top_k, args.top_frac, copy, warm=warm_replays(summary))
     if args.per_problem:
         print("\n== per problem, current model ==")
         groups = collections.defaultdict(list)

@@ -84,10 +84,11 @@ def test_more_sms_is_faster():
 def test_wave_quantisation_steps_at_the_sm_count():
     # 150 KB of shared memory: one program per SM, so 132 concurrent tiles
     assert programs_per_sm(tiles_of(1), H100) == 1
-    t131, t132, t133, t264, t265 = (t(tiles_of(n)) for n in (131, 132, 133, 264, 265))
-    assert t131 == pytest.approx(t132)
+    # (32 steps per tile: compute-bound, so the cold DRAM stream of the operands stays small)
+    t131, t132, t133, t264, t265 = (t(tiles_of(n, steps=32)) for n in (131, 132, 133, 264, 265))
+    assert t131 == pytest.approx(t132, rel=0.01)
     assert t133 > 1.7 * t132  # one more tile costs a whole wave
-    assert t264 == pytest.approx(t133)
+    assert t264 == pytest.approx(t133, rel=0.05)
     assert t265 > 1.3 * t264
 
 
@@ -224,9 +225,21 @@ def test_a_replay_is_never_slower_than_a_cold_call(m, k, n, density):
     assert t(f) <= predict(f, H100, "float16", graphed=False)
 
 
-def test_only_a_working_set_that_fits_in_l2_replays_warm():
+def test_replays_are_cold_as_the_measurer_times_them():
+    # measure.cold_replay evicts the L2 before each replayed call: no warm path in predict()
     from spartune.tune import model
 
+    small = blocked(4096, 4096, 16, 0.1)
+    assert not model.REPLAY_WARM
+    assert t(small) == pytest.approx(model._predict(small, H100, "float16", True, hit=None))
+    assert dense_gemm_seconds(4096, 4096, 16, "float16", H100) > 32e6 / H100.dram_bw
+
+
+def test_only_a_working_set_that_fits_in_l2_replays_warm(monkeypatch):
+    # the recorded runs 6 and 7 were timed with warm replays (benchmarks/fit_model.py)
+    from spartune.tune import model
+
+    monkeypatch.setattr(model, "REPLAY_WARM", True)
     small = blocked(4096, 4096, 16, 0.1)  # ~3.5 MB
     large = blocked(11008, 4096, 16, 1.0)  # ~90 MB, beyond the 50 MB L2
     assert model.l2_hit_share(small.dram_bytes, H100) == 1.0 and model.l2_hit_share(large.dram_bytes, H100) == 0.0
@@ -291,8 +304,9 @@ def test_ranking_on_the_recorded_h100_run():
         sys.path.pop(0)
     from spartune.tune.tuner import evaluate
 
-    _, records, spec, problems = fit_model.load(data)
-    rows, _ = fit_model.rescore(records, spec, problems, None)
+    summary, records, spec, problems = fit_model.load(data)
+    assert fit_model.warm_replays(summary)  # run 6 replayed without evicting the L2
+    rows, _ = fit_model.rescore(records, spec, problems, None, fit_model.warm_replays(summary))
     ev = evaluate(rows)
     assert ev["problems"] == 64
     assert ev["model"]["within_15"] >= 0.85

@@ -1,7 +1,10 @@
 """Timing on the GPU, as /work/.library/device/METHOD.md and DESIGN.md ask: a warm-up call
-(compiles stay out), the median of triton.testing.do_bench, CUDA-graph replay for kernels
-under ~20 us (where launch gaps would dominate), and rotation over several input sets where
-repeated runs on one buffer would measure the cache. GPU only; importing it needs no GPU.
+(compiles stay out), the median of triton.testing.do_bench, CUDA-graph replay for short calls
+(where launch gaps would dominate), and no cache left warm by the previous call: do_bench
+flushes the L2 before each call, and the graph replay writes an L2-evicting buffer before each
+call and subtracts that write's own time. A decode weight of a few MB (or a dense copy of 32 MB)
+would otherwise be timed from L2, which a model's layers never find (each evicts the last).
+GPU only; importing it needs no GPU.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import math
 from typing import Callable, Sequence
 
 GRAPH_BELOW_S = 150e-6  # below this a call is also timed by graph replay (host launch costs ~50 us)
+REPLAY_EVICTS_L2 = True  # graph replays start from an evicted L2, as do_bench's calls do
 
 
 def rotating(fn: Callable, arg_sets: Sequence[tuple]) -> Callable[[], object]:
@@ -31,31 +35,80 @@ def sets_to_rotate(bytes_per_set: float, l2_bytes: int, most: int = 16) -> int:
 
 
 def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup_ms: int = 25,
-                  rep_ms: int = 100) -> float:
-    """Median seconds of one call of `fn` (launch included).
+                  rep_ms: int = 100, cold: bool = True) -> float:
+    """Median seconds of one call of `fn` (launch included), each call finding a cold L2.
 
     graph=None decides by length: a call whose do_bench time is under GRAPH_BELOW_S is
     re-timed by CUDA graph replay (if it can be captured) and the smaller time kept. Short
     kernels launched from Python are host-bound under do_bench (tens of us of launch cost),
-    so without this every implementation would measure its launcher, not its kernel.
-    do_bench clears the L2 between calls; graph replay does not, so pass a `rotating` fn when
-    inputs are small. Exceptions from fn (compile errors, launch failures) propagate: the
-    tuner records them.
+    so without this every implementation would measure its launcher, not its kernel. Both
+    timings evict the L2 before each call (do_bench by its flush, the replay by cold_replay).
+    cold=False replays without the eviction (calibration: L2 reads, an empty launch).
+    Exceptions from fn (compile errors, launch failures) propagate: the tuner records them.
     """
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
+    def replay():
+        if cold:
+            return cold_replay(fn, rep_ms)
+        return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
+
     fn()  # compile and load outside the timed region
     torch.cuda.synchronize()
     if graph is True:
-        return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
+        return replay()
     t = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e-3
     if graph is None and t < GRAPH_BELOW_S:
         try:
-            t = min(t, do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3)
+            t = min(t, replay())
         except Exception:  # not capturable (a host sync, a library that allocates): keep do_bench's time
             torch.cuda.synchronize()
     return t
+
+
+_EVICT: dict = {}
+
+
+def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
+    """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
+    operand is left in L2 by the previous call), minus the replayed write alone: medians of
+    rounds of ~1 ms (more rounds when rep_ms > 10)."""
+    import torch
+
+    device = torch.cuda.current_device()
+    evict = _EVICT.get(device)
+    if evict is None:
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+
+    def replayed(body, reps: int, rounds: int) -> float:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            body()  # anything lazily allocated is allocated before the capture
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(reps):
+                    body()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(rounds):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3 / reps)
+        return sorted(times)[len(times) // 2]
+
+    both = lambda: (evict.zero_(), fn())  # noqa: E731
+    once = replayed(both, 1, 3)  # a first estimate sizes the rounds: ~1 ms each, so the write's
+    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # jitter averages out over the calls
+    rounds = 7 if rep_ms <= 10 else 15
+    t = replayed(both, reps, rounds) - replayed(evict.zero_, reps, rounds)
+    return max(t, 1e-7)
 
 
 def measure_candidate(candidate) -> float:

@@ -9,8 +9,9 @@ sharing an SM hide each other's latency), throughput per step from the SM's shar
 tensor-core / CUDA-core / L2 rates, compulsory DRAM traffic as a budget of the whole launch
 (with the write-back of the dirty lines it evicts; imperfectly overlapped with the loop), load
 imbalance (the longest tile bounds a short launch), the split-K reduction and launch overhead.
-It predicts what the measurer reports: the faster of a cold call (L2 flushed) and a CUDA-graph
-replay that finds a small working set still in L2 (`predict`). The dense backend (cuBLAS) has
+It predicts what the measurer reports: a call that finds the L2 evicted, launched from a CUDA
+graph when short (`predict`). REPLAY_WARM switches on the older measurer's replays, which
+found a small working set still in L2 (the recorded runs 6 and 7 were timed that way). The dense backend (cuBLAS) has
 its own roofline, `dense_gemm_seconds`.
 
 `calibrate()` measures the rates on a CUDA device; `DeviceSpec.h100()` holds the numbers
@@ -27,7 +28,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from .measure import GRAPH_BELOW_S
+from .measure import GRAPH_BELOW_S, REPLAY_EVICTS_L2
 from .problem import KernelFeatures, Problem
 
 _MATRIX_FIELD = {"float16": "mma_fp16", "bfloat16": "mma_bf16", "float32": "mma_tf32"}
@@ -125,7 +126,12 @@ from .problem import INDEX_CHAIN  # noqa: E402
 # read-back: dependent round trips after the main loop.
 SPLIT_FIXUP_TRIPS = 3
 
-# The measurer's graph replay finds a launch's operands still in L2 (l2_hit_share): all of them
+# Whether the measurer's graph replays find the previous call's operands in L2. The measurer
+# evicts the L2 before each replayed call (measure.cold_replay); benchmarks/fit_model.py sets
+# this to True to rescore runs 6 and 7, whose replays did not.
+REPLAY_WARM = not REPLAY_EVICTS_L2
+
+# A warm graph replay finds a launch's operands still in L2 (l2_hit_share): all of them
 # when they take at most the first share of the L2, none beyond the second (set conflicts, the
 # H100's two L2 halves). benchmarks/data/h100-2026-11-22-run6: cuBLAS GEMVs on 34 MB weights
 # replay at 3.5 TB/s, above DRAM speed; 90 MB ones at 2.5.
@@ -172,15 +178,15 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
     `graphed`: launches cost the in-graph latency, as the measurer replays short kernels in
     CUDA graphs and ops are meant to be captured.
 
-    The time the measurer reports (measure.time_callable) is the smaller of do_bench's, with the
-    L2 flushed before every call (cold: operands from DRAM through an L2 full of dirty lines),
-    and, for calls under GRAPH_BELOW_S, a CUDA-graph replay's, where the previous replay left
-    the operands in L2 when they fit (warm). Both are predicted and the smaller kept.
+    The time the measurer reports (measure.time_callable): operands from DRAM through an L2 full
+    of dirty lines (its flush or eviction write), launched in a graph when short. With
+    REPLAY_WARM (the recorded runs' measurer), a replay under GRAPH_BELOW_S found the operands
+    in L2 when they fit (warm), and the smaller of the two is kept.
     """
     f = features
     cold = _predict(f, device, dtype, graphed, hit=None)
     hit = l2_hit_share(f.dram_bytes, device)
-    if graphed and hit > 0:
+    if graphed and REPLAY_WARM and hit > 0:
         warm = _predict(f, device, dtype, graphed, hit=hit)
         if warm < GRAPH_BELOW_S:
             return min(cold, warm)
@@ -347,11 +353,11 @@ def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec, *, lay
     the SMs for the best of a few tilings and split-K factors, as its heuristics would choose;
     each wave walks K in a pipelined loop that is latency-bound when the tile is small (what
     makes long-K GEMVs slower than short-K ones). It is never faster than streaming its operands
-    from DRAM, or from L2 in a replay that left them there (decode sizes).
+    from DRAM (or, with REPLAY_WARM, from L2 where a warm replay left them: decode sizes).
     `layout` "spmm" (x = X.T, out = Y.T): `out` is transposed, so the backend copies (a
     transpose). `out_copy` overrides whether a copy happens (runs before fe55e6a always copied).
-    `graphed` as in predict(): the measurer's graph replay (in-graph launches, operands possibly
-    left in L2); False for plain do_bench timing (L2 flushed, host launches)."""
+    `graphed` as in predict(): the measurer's graph replay (in-graph launches); False for plain
+    do_bench timing (host launches)."""
     elt = _ELEMENT_BYTES[_dtype_name(dtype)]
     rate_sm = device.matrix_rate(dtype) / device.sms
     operands = (m * k + k * n + m * n) * elt
@@ -375,7 +381,7 @@ def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec, *, lay
     launch = device.graph_launch_s if graphed else device.launch_s
     seconds = gemm(device.mem_latency_s, _dram_seconds(operands, device))
     hit = l2_hit_share(operands, device)
-    if graphed and hit > 0:  # a graph replay with the operands (partly) left in L2, as in predict()
+    if graphed and REPLAY_WARM and hit > 0:  # operands (partly) left in L2 by a warm replay, as in predict()
         warm = gemm(device.l2_latency_s + (1.0 - hit) * (device.mem_latency_s - device.l2_latency_s),
                     operands * ((1.0 - hit) / device.dram_bw + hit / device.l2_bw))
         if warm < GRAPH_BELOW_S:
@@ -477,7 +483,8 @@ def calibrate(device_index: int = 0) -> DeviceSpec:
         programs = sms * 4
         acc = torch.empty(programs * block, device=dev)
         l2_bw = reps * buf.numel() * 4 / time_callable(
-            lambda: read_kernel[(programs,)](buf, acc, buf.numel() // block, REPS=reps, BLOCK=block, num_warps=8))
+            lambda: read_kernel[(programs,)](buf, acc, buf.numel() // block, REPS=reps, BLOCK=block, num_warps=8),
+            cold=False)
 
         iters, fblock, fprog = 4096, 1024, sms * 16
         out = torch.empty(fprog * fblock, device=dev)
@@ -486,7 +493,7 @@ def calibrate(device_index: int = 0) -> DeviceSpec:
 
         tiny = torch.empty(1, device=dev)
         launch = time_callable(lambda: empty_kernel[(1,)](tiny), graph=False)
-        graph_launch = time_callable(lambda: empty_kernel[(1,)](tiny), graph=True)
+        graph_launch = time_callable(lambda: empty_kernel[(1,)](tiny), graph=True, cold=False)
     smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
     return DeviceSpec(
         name=device_name(device_index),
