@@ -3,7 +3,7 @@
 # benchmark runs, each writing its full results under $OUT.
 #   bash scripts/gpu.sh                     # tests (~4 min) + the quick CSR and block benches (~3 min)
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 270" bash scripts/gpu.sh     # the tuner evaluation (~6 min)
-#   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ';'-separated benchmark runs
+#   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs (RUNS="": tests only)
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   wait $p1 $p2 $p3
   for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
 fi
-IFS=';' read -ra runs <<< "${RUNS:-bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
+IFS=';' read -ra runs <<< "${RUNS-bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
 for run in "${runs[@]}"; do
   name=$(echo "$run" | awk '{print $1}' | sed 's/\.py$//')
   echo "== $run"
