@@ -2,7 +2,7 @@
 # What needs the GPU, in one device call each (a call may run 10 minutes): the GPU tests, then
 # benchmark runs, each writing its full results under $OUT.
 #   bash scripts/gpu.sh                     # tests (~4 min) + the quick CSR and block benches (~3 min)
-#   TESTS=0 RUNS="eval_tuner.py --budget-s 270" bash scripts/gpu.sh     # the tuner evaluation (~6 min)
+#   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
 #   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs (RUNS="": tests only)
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
 set -uo pipefail
