@@ -203,6 +203,7 @@ def _grid_axes():
         (model, "L2_KEEP", ((0.4, 0.8), (0.5, 0.85), (0.5, 1.0))),
         (model, "OVERLAP_LOSS", (0.15, 0.3, 0.5)),
         (spmm_blocked, "TMA_EXTRA_TRIP", (0.25, 0.5)),
+        (model, "WRITEBACK_SHARE", (0.0, 0.5, 1.0)),
     ]
 
 

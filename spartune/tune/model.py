@@ -260,10 +260,16 @@ def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: f
     return launch + max(loop, dram) + OVERLAP_LOSS * min(loop, dram) + reduce
 
 
+# Share of the bytes a cold call reads that first cost a write-back of a dirty line (the flush's
+# or the eviction write's). 1.0 was fitted when only calls above GRAPH_BELOW_S ran cold; run 8
+# (every call cold) suggests less: benchmarks/LOG.md, "tuner with cold replays".
+WRITEBACK_SHARE = 1.0
+
+
 def _dram_seconds(read_bytes: float, device: DeviceSpec) -> float:
     """Reading `read_bytes` from DRAM through an L2 full of dirty lines (dram_bw counts bytes
     read + written)."""
-    return (read_bytes + min(read_bytes, device.l2_bytes)) / device.dram_bw
+    return (read_bytes + WRITEBACK_SHARE * min(read_bytes, device.l2_bytes)) / device.dram_bw
 
 
 # --- floors (DESIGN.md, "Measuring performance") ---------------------------------------------
