@@ -35,7 +35,7 @@ def sets_to_rotate(bytes_per_set: float, l2_bytes: int, most: int = 16) -> int:
 
 
 def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup_ms: int = 25,
-                  rep_ms: int = 100, cold: bool = True) -> float:
+                  rep_ms: int = 100, cold: bool = REPLAY_EVICTS_L2) -> float:
     """Median seconds of one call of `fn` (launch included), each call finding a cold L2.
 
     graph=None decides by length: a call whose do_bench time is under GRAPH_BELOW_S is
@@ -72,8 +72,11 @@ _EVICT: dict = {}
 
 def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
-    operand is left in L2 by the previous call), minus the replayed write alone: medians of
-    rounds of ~1 ms (more rounds when rep_ms > 10)."""
+    operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
+    are replayed alternately, ~1 ms per replay (more rounds when rep_ms > 10), and the median
+    of the paired differences is kept, so a drift of the write's own time (clocks, DRAM) falls
+    on both sides. Raises when the difference is not positive (time_callable then keeps
+    do_bench's time)."""
     import torch
 
     device = torch.cuda.current_device()
@@ -82,7 +85,7 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
         l2 = torch.cuda.get_device_properties(device).L2_cache_size
         evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
 
-    def replayed(body, reps: int, rounds: int) -> float:
+    def captured(body, reps: int) -> "torch.cuda.CUDAGraph":
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -93,22 +96,28 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
                 for _ in range(reps):
                     body()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(rounds):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3 / reps)
-        return sorted(times)[len(times) // 2]
+        return graph
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def seconds(graph) -> float:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
 
     both = lambda: (evict.zero_(), fn())  # noqa: E731
-    once = replayed(both, 1, 3)  # a first estimate sizes the rounds: ~1 ms each, so the write's
-    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # jitter averages out over the calls
-    rounds = 7 if rep_ms <= 10 else 15
-    t = replayed(both, reps, rounds) - replayed(evict.zero_, reps, rounds)
-    return max(t, 1e-7)
+    single = captured(both, 1)
+    once = min(seconds(single) for _ in range(3))  # sizes the replays: ~1 ms each, so
+    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # the write's jitter averages out
+    with_fn, write_only = captured(both, reps), captured(evict.zero_, reps)
+    seconds(with_fn), seconds(write_only)  # first replays upload the graphs
+    diffs = sorted(seconds(with_fn) - seconds(write_only) for _ in range(9 if rep_ms <= 10 else 21))
+    t = diffs[len(diffs) // 2] / reps
+    if not t > 0:
+        raise RuntimeError(f"cold replay: no time left after subtracting the eviction write ({t:.3g} s)")
+    return t
 
 
 def measure_candidate(candidate) -> float:
