@@ -76,7 +76,7 @@ def family(backend: str):
     return {"blocked": spmm_blocked, "csr": spmm_csr}.get(backend)
 
 
-def rescore(records, spec: DeviceSpec, problems: dict, copy: bool = True, warm: bool = True) -> tuple[list[dict], int]:
+def rescore(records, spec: DeviceSpec, problems: dict, copy: bool, warm: bool) -> tuple[list[dict], int]:
     """Records with 'predicted' recomputed by the current features() and model; also returns
     how many stored features differed from the recomputed ones. `copy`: the recorded dense
     backend copied its result into `out` (true of runs before commit fe55e6a). `warm`: the
@@ -208,7 +208,7 @@ def _grid_axes():
 
 
 def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_frac: float, copy,
-         limit: int = 12, warm: bool = True) -> None:
+         limit: int = 12, *, warm: bool) -> None:
     """Score every combination of the fitted constants on the train half (recorded view, the
     tuner's fast-mode rule); the same rows on test are shown, never used to choose."""
     axes = _grid_axes()

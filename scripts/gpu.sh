@@ -4,6 +4,8 @@
 #   bash scripts/gpu.sh                     # tests (~4 min) + the quick CSR and block benches (~3 min)
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
 #   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs (RUNS="": tests only)
+# A device call stops at 600 s: tests (TEST_S, default 300 each, in parallel) plus the runs
+# (RUN_S, default 400 each) must fit; each run's own budget must stay below RUN_S.
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py & p1=$!
   gpu_tests gpu_tests_csr1.log tests/gpu/test_csr_gpu.py -k "spmm_every_config" & p2=$!
   gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config" & p3=$!
-  wait $p1 $p2 $p3
+  for p in $p1 $p2 $p3; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
   for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
 fi
 IFS=';' read -ra runs <<< "${RUNS-bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
@@ -29,5 +31,5 @@ for run in "${runs[@]}"; do
   name=$(echo "$run" | awk '{print $1}' | sed 's/\.py$//')
   echo "== $run"
   # shellcheck disable=SC2086
-  timeout 300 python benchmarks/$run > "$OUT/$name.log" 2>&1; tail -14 "$OUT/$name.log"
+  timeout "${RUN_S:-400}" python benchmarks/$run > "$OUT/$name.log" 2>&1; tail -14 "$OUT/$name.log"
 done

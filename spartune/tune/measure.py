@@ -72,11 +72,11 @@ _EVICT: dict = {}
 
 def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
-    operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
-    are replayed alternately, ~1 ms per replay (more rounds when rep_ms > 10), and the median
-    of the paired differences is kept, so a drift of the write's own time (clocks, DRAM) falls
-    on both sides. Raises when the difference is not positive (time_callable then keeps
-    do_bench's time)."""
+    operand is left in L2 by the previous call), minus the replayed write alone: medians of
+    rounds of ~1 ms (more rounds when rep_ms > 10). Raises when nothing is left.
+    (Known, benchmarks/LOG.md: the two medians are taken apart, so a drift of the write's time
+    between them lands on a short call; and the write leaves dirty lines whose write-back the
+    call's reads pay and the next write saves.)"""
     import torch
 
     device = torch.cuda.current_device()
@@ -85,7 +85,7 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
         l2 = torch.cuda.get_device_properties(device).L2_cache_size
         evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
 
-    def captured(body, reps: int) -> "torch.cuda.CUDAGraph":
+    def replayed(body, reps: int, rounds: int) -> float:
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -96,26 +96,22 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
                 for _ in range(reps):
                     body()
         torch.cuda.synchronize()
-        return graph
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def seconds(graph) -> float:
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(rounds):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3 / reps)
+        return sorted(times)[len(times) // 2]
 
     both = lambda: (evict.zero_(), fn())  # noqa: E731
-    single = captured(both, 1)
-    once = min(seconds(single) for _ in range(3))  # sizes the replays: ~1 ms each, so
-    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # the write's jitter averages out
-    with_fn, write_only = captured(both, reps), captured(evict.zero_, reps)
-    seconds(with_fn), seconds(write_only)  # first replays upload the graphs
-    diffs = sorted(seconds(with_fn) - seconds(write_only) for _ in range(9 if rep_ms <= 10 else 21))
-    t = diffs[len(diffs) // 2] / reps
-    if not t > 0:
+    once = replayed(both, 1, 3)  # a first estimate sizes the rounds: ~1 ms each, so the write's
+    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # jitter averages out over the calls
+    rounds = 7 if rep_ms <= 10 else 15
+    t = replayed(both, reps, rounds) - replayed(evict.zero_, reps, rounds)
+    if not t > 0:  # the write's own jitter exceeded the call: time_callable keeps do_bench's time
         raise RuntimeError(f"cold replay: no time left after subtracting the eviction write ({t:.3g} s)")
     return t
 
