@@ -12,7 +12,7 @@ from spartune.tune.db import SCHEMA_VERSION, TuningDB
 from spartune.tune.model import H100
 from spartune.tune.problem import Problem
 
-VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0"}
+VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0", "measure": "cold-replay"}
 STATS = FormatStats(rows=4096, cols=4096, nnz=419430, density=0.1, unit_rows=64, units=64, items_mean=6.4,
                     items_cv=0.2, items_max=9, empty_units=0, item_cols=64)
 
@@ -86,7 +86,8 @@ def test_keys_never_cross_devices_or_versions(path):
     assert db.get_best(db.key(problem())) is not None
     assert db.get_best(db.key(problem(device="NVIDIA H200 sm_90"))) is None
     assert db.get_best(db.key(problem(m=4160))) is None
-    for name, other in (("torch", "2.14.0"), ("triton", "3.7.0"), ("spartune", "0.2.0"), ("cuda", "12.8")):
+    for name, other in (("torch", "2.14.0"), ("triton", "3.7.0"), ("spartune", "0.2.0"), ("cuda", "12.8"),
+                        ("measure", "warm-replay")):
         newer = TuningDB(path, versions={**VERSIONS, name: other})
         assert newer.get_best(newer.key(problem())) is None, name
     # N is bucketed: 1500 and 2048 share an entry, 16 does not
@@ -98,6 +99,7 @@ def test_default_versions_name_the_installed_stack(path):
     import torch
 
     assert versions["torch"] == torch.__version__ and versions["triton"] and versions["spartune"]
+    assert versions["measure"] == "cold-replay"  # entries timed with warm replays are not reused
 
 
 # --- several processes -----------------------------------------------------------------------------

@@ -66,8 +66,10 @@ def software_versions() -> dict:
         triton = version("triton")
     except PackageNotFoundError:
         triton = "none"
+    from .measure import MEASURER
+
     return {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "triton": triton,
-            "spartune": spartune.__version__}
+            "spartune": spartune.__version__, "measure": MEASURER}
 
 
 def canonical(obj) -> str:

@@ -14,6 +14,9 @@ from typing import Callable, Sequence
 
 GRAPH_BELOW_S = 150e-6  # below this a call is also timed by graph replay (host launch costs ~50 us)
 REPLAY_EVICTS_L2 = True  # graph replays start from an evicted L2, as do_bench's calls do
+# How times are taken, part of every tuning-DB key: entries timed another way (the warm replays
+# before this one) are never reused.
+MEASURER = "cold-replay" if REPLAY_EVICTS_L2 else "warm-replay"
 
 
 def rotating(fn: Callable, arg_sets: Sequence[tuple]) -> Callable[[], object]:
