@@ -79,6 +79,36 @@ def _sddmm_gather_kernel(
 
 
 @triton.jit
+def _rows_of_a(a_tile, rvalid, D, BD: tl.constexpr, ONE_D: tl.constexpr):
+    """The program's rows of a, loaded once when D fits one chunk (ONE_D); otherwise _scores
+    loads them chunk by chunk and this placeholder is never read."""
+    dd = tl.arange(0, BD)
+    if ONE_D:
+        return tl.load(a_tile, mask=rvalid[:, None] & (dd < D)[None, :], other=0.0)
+    else:
+        return tl.zeros((a_tile.shape[0], BD), dtype=a_tile.dtype.element_ty)
+
+
+@triton.jit
+def _scores(a_full, a_tile, b_tile, rvalid, cvalid, D, stride_ad, stride_bd,
+            BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, ONE_D: tl.constexpr, PRECISION: tl.constexpr):
+    """(BM, BN) fp32 tile of a @ b^T for the rows of a_tile and the columns of b_tile ((BD, BN)
+    pointers to b^T): one dot with the preloaded rows when D fits one chunk, else D in chunks."""
+    dd = tl.arange(0, BD)
+    if ONE_D:
+        bt = tl.load(b_tile, mask=cvalid[None, :] & (dd < D)[:, None], other=0.0)
+        s = tl.dot(a_full, bt, input_precision=PRECISION)
+    else:
+        s = tl.zeros((BM, BN), dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            dm = (d0 + dd) < D
+            av = tl.load(a_tile + d0 * stride_ad, mask=rvalid[:, None] & dm[None, :], other=0.0)
+            bt = tl.load(b_tile + d0 * stride_bd, mask=cvalid[None, :] & dm[:, None], other=0.0)
+            s = tl.dot(av, bt, s, input_precision=PRECISION)
+    return s
+
+
+@triton.jit
 def _sddmm_dense_kernel(
     bits_ptr, woff_ptr, a_ptr, b_ptr, out_ptr,
     M, N, D, NW, stride_am, stride_ad, stride_bn, stride_bd, scale,
@@ -94,8 +124,7 @@ def _sddmm_dense_kernel(
     dd = tl.arange(0, BD)
     cj = tl.arange(0, BN)
     a_tile = a_ptr + rows[:, None] * stride_am + dd[None, :] * stride_ad  # (BM, BD)
-    if ONE_D:
-        a_full = tl.load(a_tile, mask=rvalid[:, None] & (dd < D)[None, :], other=0.0)
+    a_full = _rows_of_a(a_tile, rvalid, D, BD, ONE_D)
     tiles = tl.minimum(CT, tl.cdiv(N, BN) - pid_c * CT)
     for t in range(0, tiles):
         n0 = (pid_c * CT + t) * BN
@@ -104,16 +133,7 @@ def _sddmm_dense_kernel(
         if tl.max(tl.max(bit.to(tl.int32), axis=1), axis=0) != 0:
             cols = n0 + cj
             b_tile = b_ptr + cols[None, :] * stride_bn + dd[:, None] * stride_bd  # (BD, BN): b^T
-            if ONE_D:
-                bt = tl.load(b_tile, mask=(cols < N)[None, :] & (dd < D)[:, None], other=0.0)
-                s = tl.dot(a_full, bt, input_precision=PRECISION)
-            else:
-                s = tl.zeros((BM, BN), dtype=tl.float32)
-                for d0 in range(0, D, BD):
-                    dm = (d0 + dd) < D
-                    av = tl.load(a_tile + d0 * stride_ad, mask=rvalid[:, None] & dm[None, :], other=0.0)
-                    bt = tl.load(b_tile + d0 * stride_bd, mask=(cols < N)[None, :] & dm[:, None], other=0.0)
-                    s = tl.dot(av, bt, s, input_precision=PRECISION)
+            s = _scores(a_full, a_tile, b_tile, rvalid, cols < N, D, stride_ad, stride_bd, BM, BN, BD, ONE_D, PRECISION)
             tl.store(out_ptr + pos, (s * scale).to(out_ptr.dtype.element_ty), mask=bit)
 
 
@@ -133,22 +153,12 @@ def _sddmm_block_kernel(
     rows = br * BMB + ri
     rvalid = rows < M
     a_tile = a_ptr + rows[:, None] * stride_am + dd[None, :] * stride_ad
-    if ONE_D:
-        a_full = tl.load(a_tile, mask=rvalid[:, None] & (dd < D)[None, :], other=0.0)
+    a_full = _rows_of_a(a_tile, rvalid, D, BD, ONE_D)
     out_tile = out_ptr + ri[:, None] * BKB + ci[None, :]
     for blk in range(first, last):
         cols = tl.load(bcol_ptr + blk) * BKB + ci
         b_tile = b_ptr + cols[None, :] * stride_bn + dd[:, None] * stride_bd  # (BD, BKB)
-        if ONE_D:
-            bt = tl.load(b_tile, mask=(cols < N)[None, :] & (dd < D)[:, None], other=0.0)
-            s = tl.dot(a_full, bt, input_precision=PRECISION)
-        else:
-            s = tl.zeros((BMB, BKB), dtype=tl.float32)
-            for d0 in range(0, D, BD):
-                dm = (d0 + dd) < D
-                av = tl.load(a_tile + d0 * stride_ad, mask=rvalid[:, None] & dm[None, :], other=0.0)
-                bt = tl.load(b_tile + d0 * stride_bd, mask=(cols < N)[None, :] & dm[:, None], other=0.0)
-                s = tl.dot(av, bt, s, input_precision=PRECISION)
+        s = _scores(a_full, a_tile, b_tile, rvalid, cols < N, D, stride_ad, stride_bd, BMB, BKB, BD, ONE_D, PRECISION)
         tl.store(out_tile + blk * (BMB * BKB), (s * scale).to(out_ptr.dtype.element_ty))
 
 
