@@ -146,6 +146,19 @@ def slab_kernel(off_ptr, len_ptr, rows_ptr, col_ptr, val_ptr, xt_ptr, out_ptr, M
 
 
 @triton.jit
+def _nonzeros(val_ptr, col_ptr, off, m, PAD_K, CG: tl.constexpr):
+    """A step's values and columns (padding lanes: value 0, column PAD_K = x's zero row); CG
+    keeps the stream out of L1, which then holds x alone."""
+    if CG:
+        v = tl.load(val_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
+        c = tl.load(col_ptr + off, mask=m, other=PAD_K, cache_modifier=".cg")
+    else:
+        v = tl.load(val_ptr + off, mask=m, other=0.0)
+        c = tl.load(col_ptr + off, mask=m, other=PAD_K)
+    return v, c.to(tl.int32)
+
+
+@triton.jit
 def rowk_kernel(crow_ptr, woff_ptr, col_ptr, val_ptr, order_ptr, xt_ptr, out_ptr, ws_ptr, lock_ptr,
                 M, N, KW, stride_xs, PAD_K,
                 R: tl.constexpr, BN: tl.constexpr, BNNZ: tl.constexpr, KC: tl.constexpr, SPLIT: tl.constexpr,
@@ -171,13 +184,10 @@ def rowk_kernel(crow_ptr, woff_ptr, col_ptr, val_ptr, order_ptr, xt_ptr, out_ptr
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
         m, off = row_chunk(s, start, length, BNNZ)
+        v, c = _nonzeros(val_ptr, col_ptr, off, m, PAD_K, CG)
         if CG:
-            v = tl.load(val_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
-            c = tl.load(col_ptr + off, mask=m, other=PAD_K, cache_modifier=".cg").to(tl.int32)
             xv = tl.load(x_tok + c[:, :, None] * BN, eviction_policy="evict_last")
         else:
-            v = tl.load(val_ptr + off, mask=m, other=0.0)
-            c = tl.load(col_ptr + off, mask=m, other=PAD_K).to(tl.int32)
             xv = tl.load(x_tok + c[:, :, None] * BN)
         acc3 += xv.to(tl.float32) * v.to(tl.float32)[:, :, None]
     acc = tl.sum(acc3, axis=1)  # (R, BN)
@@ -308,12 +318,7 @@ def rowr_kernel(crow_ptr, col_ptr, val_ptr, order_ptr, xt_ptr, out_ptr, M, N, st
     longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
         m, off = row_chunk(s, start, length, BNNZ)
-        if CG:
-            v = tl.load(val_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
-            c = tl.load(col_ptr + off, mask=m, other=PAD_K, cache_modifier=".cg").to(tl.int32)
-        else:
-            v = tl.load(val_ptr + off, mask=m, other=0.0)
-            c = tl.load(col_ptr + off, mask=m, other=PAD_K).to(tl.int32)
+        v, c = _nonzeros(val_ptr, col_ptr, off, m, PAD_K, CG)
         xv = tl.load(x_tok + c[:, :, None] * BN)
         acc += tl.sum(xv.to(tl.float32) * v.to(tl.float32)[:, :, None], axis=1)
     toks = pid_n * BN + tl.arange(0, BN)
