@@ -1,6 +1,32 @@
-"""Triton helpers shared by the kernel families: program order and Sputnik's row swizzle."""
+"""What the kernel families share: Triton helpers (program order, Sputnik's row swizzle) and
+the host side's element sizes, power-of-two rounding and scratch buffers."""
+import torch
 import triton
 import triton.language as tl
+
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def next_pow2(n) -> int:
+    """The smallest power of two >= n (1 for n <= 1): tile sizes from problem sizes."""
+    return triton.next_power_of_2(max(1, int(n)))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs follow torch's matmul setting (tf32 only when torch allows it)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def scratch(cache: dict, device: torch.device, dtype: torch.dtype, numel: int, minimum: int = 0) -> torch.Tensor:
+    """A buffer per (device, dtype) kept in `cache`, grown on demand; whoever uses it rewrites
+    what it reads, so nothing is cleared. Make the first call before a CUDA-graph capture (a
+    capture must not allocate), and do not share one between launches on two streams."""
+    buf = cache.get((device, dtype))
+    if buf is None or buf.numel() < numel:
+        buf = cache[(device, dtype)] = torch.empty(max(numel, minimum), dtype=dtype, device=device)
+    return buf
 
 
 @triton.jit

@@ -4,11 +4,12 @@ a is (M, D), b is (N, D) (any strides), the pattern is (M, N); the result is a n
 tensor shaped like `pattern.values`. fp32 accumulation. Paths (`Config.path`):
 
 * ``"gather"`` (CSR, CUDA cores, Sputnik): a program owns `block_m` rows in `row_order`
-  (longest first), keeps their a rows, and walks their nonzeros `block_n` at a time, gathering
+  (longest first), keeps their a rows (when D fits one `block_d` chunk), and walks their
+  nonzeros `block_n` at a time, gathering
   whole b rows (contiguous along D) and reducing over D in chunks of `block_d`.
 * ``"dense"`` (CSR, tensor cores): a program owns `block_m` rows and `per_program` column tiles
-  of `block_n` (a multiple of 32). Each tile of a @ b^T is one `tl.dot` (the a rows are loaded
-  once and reused across the program's tiles), then the stored entries are written straight
+  of `block_n` (a multiple of 32). Each tile of a @ b^T is one `tl.dot` per `block_d` chunk of
+  D (when D fits one chunk, the a rows are loaded once and reused across the tiles), then the stored entries are written straight
   into `values` through the pattern's bitmap (position = first nonzero of the row at or after
   the tile + prefix count of the bits); tiles with no stored entry are skipped.
 * ``"block"`` (BlockSparse, tensor cores): a program owns one block-row and `per_program` of its
@@ -26,11 +27,10 @@ import triton.language as tl
 
 from ..formats import CSR, BlockSparse
 from ..tune.problem import KernelFeatures, Problem
-from ._common import row_chunk, swizzled_rows
-from .spmm_csr import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, _expand_chunk, csr_bitmap, dot_precision
+from ._bitmap import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, csr_bitmap, expand_chunk
+from ._common import ELEMENT_BYTES, dot_precision, next_pow2, row_chunk, swizzled_rows
 
 PATHS = ("gather", "dense", "block")
-_ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _sddmm_dense_kernel(
     for t in range(0, tiles):
         n0 = (pid_c * CT + t) * BN
         base = tl.load(woff_row + n0 // 32, mask=rvalid, other=0)
-        bit, pos, _ = _expand_chunk(bits_row, base, n0, NW, rvalid, BM, BN, HW)
+        bit, pos, _ = expand_chunk(bits_row, base, n0, NW, rvalid, BM, BN, HW)
         if tl.max(tl.max(bit.to(tl.int32), axis=1), axis=0) != 0:
             cols = n0 + cj
             b_tile = b_ptr + cols[None, :] * stride_bn + dd[:, None] * stride_bd  # (BD, BN): b^T
@@ -214,10 +214,6 @@ def launch(a: torch.Tensor, b: torch.Tensor, pattern: CSR | BlockSparse, config:
 # ---------------------------------------------------------------------------------------------
 # config space and cost-model features
 # ---------------------------------------------------------------------------------------------
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
 def _block_of(fmt: str) -> tuple[int, int] | None:
     if fmt.startswith("block:"):
         bm, bk = fmt.split(":", 1)[1].split("x")
@@ -228,7 +224,7 @@ def _block_of(fmt: str) -> tuple[int, int] | None:
 def space(problem: Problem) -> list[Config]:
     """problem.m, problem.k: the pattern's shape (M, N); problem.n: the shared dimension D."""
     d = max(1, problem.n)
-    bd = min(128, max(16, _pow2(d)))
+    bd = min(128, max(16, next_pow2(d)))
     blk = _block_of(problem.fmt)
     out: list[Config] = []
     if blk is not None:
@@ -239,7 +235,7 @@ def space(problem: Problem) -> list[Config]:
                     continue
                 out.append(Config("block", bm, bk, bd, per_program=g, num_warps=w, num_stages=2))
         return out
-    nnz_cap = max(16, _pow2(int(problem.stats.items_mean)))
+    nnz_cap = max(16, next_pow2(int(problem.stats.items_mean)))
     for r, bnnz in ((1, 64), (1, 128), (2, 32), (2, 64), (4, 16), (4, 32), (8, 16), (1, 32), (2, 16)):
         tile = r * bnnz * bd
         if bnnz <= nnz_cap and tile <= 8192:
@@ -253,7 +249,7 @@ def space(problem: Problem) -> list[Config]:
 def features(problem: Problem, config: Config) -> KernelFeatures:
     st = problem.stats
     M, N, D = problem.m, problem.k, max(1, problem.n)
-    s = _ELEM.get(problem.dtype, 2)
+    s = ELEMENT_BYTES.get(problem.dtype, 2)
     nnz = st.nnz
     ab = (M + N) * D * s
     dchunks = -(-D // config.block_d)

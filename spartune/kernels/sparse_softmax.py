@@ -23,10 +23,9 @@ import triton.language as tl
 
 from ..formats import CSR, BlockSparse
 from ..tune.problem import KernelFeatures, Problem
-from ._common import swizzled_rows
+from ._common import ELEMENT_BYTES, next_pow2, swizzled_rows
 
 PATHS = ("row", "block")
-_ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -141,10 +140,6 @@ def launch(A: CSR | BlockSparse, config: Config, *, scale: float = 1.0) -> torch
     return out
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
 def space(problem: Problem) -> list[Config]:
     fmt = problem.fmt
     if fmt.startswith("block:"):
@@ -155,7 +150,7 @@ def space(problem: Problem) -> list[Config]:
                 out.append(Config("block", rb, bk, num_warps=4 if rb * bk <= 4096 else 8))
         return out or [Config("block", min(bm, 16), bk)]
     st = problem.stats
-    fit = min(4096, max(32, _pow2(st.items_max)))  # one step holds the longest row
+    fit = min(4096, max(32, next_pow2(st.items_max)))  # one step holds the longest row
     out = []
     for block in sorted({fit, min(fit, 1024), min(fit, 256)}):
         for r in (1, 2, 4, 8, 16, 32):
@@ -166,7 +161,7 @@ def space(problem: Problem) -> list[Config]:
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
     st = problem.stats
-    s = _ELEM.get(problem.dtype, 2)
+    s = ELEMENT_BYTES.get(problem.dtype, 2)
     if config.path == "block":
         bm, bk = (int(v) for v in problem.fmt.split(":", 1)[1].split("x"))
         nnzb = st.items_mean * st.units

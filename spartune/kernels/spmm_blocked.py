@@ -82,8 +82,9 @@ def _blocked_spmm_tma_kernel(
 ):
     """BSR only, x and out K-/M-contiguous: tiles move by the tensor memory accelerator
     (TMA), which also zero-fills and clips the edges, so the loop carries no masks.
-    PERSISTENT: one program per SM slot walks tiles pid, pid + P, ...; the flattened loop lets
-    the next tile's loads start while this tile's epilogue runs (units hold few blocks)."""
+    PERSISTENT: one program per SM slot walks tiles pid, pid + P, ... in a flattened loop, meant
+    to start the next tile's loads during this tile's epilogue; measured, it does not overlap
+    them and never beats the grid (benchmarks/LOG.md v3, v4)."""
     n_strips = tl.cdiv(N, BN)
     n_tiles = n_units * n_strips
     if PERSISTENT:

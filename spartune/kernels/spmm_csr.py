@@ -1,6 +1,6 @@
 """SpMM with an unstructured CSR weight, in PyTorch's linear layout: out = act(scale * x @ A^T + bias) + residual.
 
-Three paths, chosen by `Config.path` (the tuner decides, never this file):
+Four paths, chosen by `Config.path` (the tuner decides, never this file):
 
 * ``"row"`` — Sputnik on CUDA cores. A program owns `block_m` sparse rows, taken in
   `A.row_order` (longest first: heavy rows start early and the rows of one program have
@@ -10,15 +10,16 @@ Three paths, chosen by `Config.path` (the tuner decides, never this file):
   (N <= 32: one strip) the kernel streams the values and indices once. Its weakness is the
   gather of x: nnz x N elements through L1/L2, hopeless for prefill. In the linear layout the
   tokens of one column of x are K apart, so every (nonzero, token) pair is its own scalar load
-  (~14 SASS instructions per pair); with tokens adjacent (spmm's X^T, or ``"row_t"``) they are
-  16-byte vector loads and a pair costs ~4.5 instructions.
+  (~14 SASS instructions per pair); with tokens adjacent (spmm's X^T) the row path runs
+  ``"row_t"``'s kernel instead.
 
 * ``"row_t"`` — the row path on a token-contiguous copy of x made first (one extra copy
   kernel of N x K elements: cheap for decode). The copy is stored in strips of `block_n` tokens,
   each (K + 1, block_n) with a zero row at K, and the kernel orders its tile (rows, nonzeros,
-  tokens), so every nonzero's strip of x is one or two unmasked 16-byte loads (~3.5 SASS
-  instructions per (nonzero, token) on sm_90). The row path uses the same kernel whenever x's
-  tokens are already adjacent (spmm's X^T).
+  tokens), so every nonzero's strip of x (block_n contiguous elements) is unmasked vector
+  loads: ~4 SASS instructions per (nonzero, token) on sm_90 (benchmarks/LOG.md, CSR decode; at
+  decode the gather is bound by the L1, one cache line per nonzero). The row path uses the same
+  kernel whenever x's tokens are already adjacent (spmm's X^T).
 
 * ``"expand"`` — prefill: a first kernel expands A (bitmap + values, as the dense path does) into a
   dense (M, K rounded up to 128) workspace once per call, then a dense Triton GEMM with the fused
@@ -45,25 +46,19 @@ Every output element is written: a row without nonzeros gets act(bias) + residua
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
-from ._common import grouped_order, row_chunk, swizzled_rows
+from ._bitmap import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, csr_bitmap, expand_chunk
+from ._common import ELEMENT_BYTES, dot_precision, grouped_order, next_pow2, row_chunk, scratch, swizzled_rows
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
 
 PATHS = ("row", "row_t", "dense", "expand")
-_ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
-# ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
-# (2 per instruction, as an FMA counts 2): ~14 SASS instructions per element on sm_90 (bit test,
-# popc, add, 64-bit address, predicated gather, store to shared memory for the MMA).
-EXPAND_FLOPS_PER_ELEMENT = 28.0
 
 
 @dataclass(frozen=True)
@@ -76,42 +71,6 @@ class Config:
     num_stages: int = 2
     group_m: int = 8  # dense: program swizzle so programs running together share x chunks
     split_k: int = 1  # dense: programs sharing one tile along K (decode: enough programs in flight)
-
-
-# ---------------------------------------------------------------------------------------------
-# the bitmap the dense path expands from (shared with SDDMM)
-# ---------------------------------------------------------------------------------------------
-_BITMAP_KEY = "_spartune_csr_bitmap"
-
-
-def csr_bitmap(A: CSR) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bits, word_offsets), each int32 (rows, ceil(cols / 32)).
-
-    bits[r, w] bit j is set when A stores (r, 32w + j); word_offsets[r, w] is the index in
-    A.values of the first nonzero of row r at or after column 32w. Built with a few torch ops
-    on first use and memoised on the (immutable) format object, so a call costs nothing.
-    """
-    cached = A.__dict__.get(_BITMAP_KEY)
-    if cached is not None:
-        return cached
-    rows, cols = A.shape
-    kw = max(1, -(-cols // 32))
-    dev = A.crow.device
-    nnz = A.col.numel()
-    lengths = (A.crow[1:] - A.crow[:-1]).long()
-    r = torch.repeat_interleave(torch.arange(rows, device=dev), lengths, output_size=nnz)
-    c = A.col.long()
-    word = r * kw + (c >> 5)
-    bits64 = torch.zeros(rows * kw, dtype=torch.int64, device=dev)
-    bits64.index_add_(0, word, torch.ones_like(c) << (c & 31))  # distinct bits: sum == or
-    bits = torch.where(bits64 >= 2**31, bits64 - 2**32, bits64).to(torch.int32).view(rows, kw)
-    counts = torch.zeros(rows * kw, dtype=torch.int64, device=dev)
-    counts.index_add_(0, word, torch.ones_like(c))
-    counts = counts.view(rows, kw)
-    woff = (A.crow[:-1, None].long() + torch.cumsum(counts, 1) - counts).to(torch.int32)
-    out = (bits.contiguous(), woff.contiguous())
-    object.__setattr__(A, _BITMAP_KEY, out)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +117,7 @@ def _spmm_rowt_kernel(
     """The row path for x with its tokens adjacent (stride_xn == 1: spmm's X^T, or row_t's copy).
 
     The tile is (rows, nonzeros, tokens) with the tokens last, so each nonzero's strip of x is
-    one or two 16-byte vector loads (the (rows, tokens, nonzeros) order of _spmm_row_kernel
+    contiguous vector loads (the (rows, tokens, nonzeros) order of _spmm_row_kernel
     makes the nonzeros the fast axis and every (nonzero, token) pair a scalar load).
     PAD_K > 0: x is row_t's copy, token strips of BN stored one after the other (stride_xs), each
     (K + 1, BN) with zero tokens past N and a zero row at column PAD_K, where padding lanes point:
@@ -201,44 +160,6 @@ def _transpose_pad_kernel(x_ptr, xt_ptr, N, K, stride_xn, stride_xk,
              mask=(ks <= K)[:, None])
 
 
-# Triton's interpreter (CPU tests) has no popc; it runs the same arithmetic with a SWAR popcount.
-HW_POPC = os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True")
-
-
-@triton.jit
-def _popc(x, HW: tl.constexpr):
-    """Set bits of each int32."""
-    if HW:
-        return libdevice.popc(x)
-    else:
-        x = x - ((x >> 1) & 0x55555555)  # the masks make the arithmetic shifts safe
-        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-        x = (x + (x >> 4)) & 0x0F0F0F0F
-        return (x * 0x01010101) >> 24
-
-
-@triton.jit
-def _expand_chunk(bits_row, base, k0, KW, rvalid, BM: tl.constexpr, BK: tl.constexpr, HW: tl.constexpr):
-    """Where the stored entries of a (BM, BK) chunk starting at column k0 (a multiple of 32) are.
-
-    Returns (bit, idx, count): bit (BM, BK) is True where an entry is stored, idx its index in
-    `values` (row offset `base` + entries in earlier words + popc of the word's bits up to the
-    element - 1), count (BM,) the entries of the chunk per row. Per element: an and, a popc,
-    an add, a bit test (about 14 SASS instructions per element with the gather, vs ~21 with a
-    prefix scan, which Triton lowers through shared memory).
-    """
-    W: tl.constexpr = BK // 32
-    wi = k0 // 32 + tl.arange(0, W)
-    w = tl.load(bits_row[:, None] + wi[None, :], mask=rvalid[:, None] & (wi < KW)[None, :], other=0)  # (BM, W)
-    cnt = _popc(w, HW)
-    start = base[:, None] + tl.cumsum(cnt, axis=1) - cnt - 1  # (BM, W): entries before the word, minus one
-    b = tl.arange(0, 32)
-    w3 = w[:, :, None]
-    bit = (w3 & (1 << b)[None, None, :]) != 0
-    idx = start[:, :, None] + _popc(w3 & ((2 << b) - 1)[None, None, :], HW)  # (2 << 31) - 1 wraps to all ones
-    return tl.reshape(bit, (BM, BK)), tl.reshape(idx, (BM, BK)), tl.sum(cnt, axis=1)
-
-
 @triton.jit
 def _spmm_dense_kernel(
     crow_ptr, bits_ptr, woff_ptr, val_ptr, x_ptr, out_ptr, bias_ptr, res_ptr, ws_ptr, lock_ptr,
@@ -272,12 +193,12 @@ def _spmm_dense_kernel(
         base = tl.load(woff_ptr + rows.to(tl.int64) * KW + k_lo // 32, mask=rvalid & (k_lo < K), other=0)
 
     # the values gather of chunk i+1 is issued before the dot of chunk i (its latency hides there)
-    bit, pos, cnt = _expand_chunk(bits_row, base, k_lo, KW, rvalid & (k_lo < k_hi), BM, BK, HW)
+    bit, pos, cnt = expand_chunk(bits_row, base, k_lo, KW, rvalid & (k_lo < k_hi), BM, BK, HW)
     a = tl.load(val_ptr + pos, mask=bit, other=0.0)
     base += cnt
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        bit, pos, cnt = _expand_chunk(bits_row, base, k0 + BK, KW, rvalid & (k0 + BK < k_hi), BM, BK, HW)
+        bit, pos, cnt = expand_chunk(bits_row, base, k0 + BK, KW, rvalid & (k0 + BK < k_hi), BM, BK, HW)
         a_next = tl.load(val_ptr + pos, mask=bit, other=0.0)
         base += cnt
         xt = tl.load(x_tile + k0 * stride_xk, mask=((k0 + kj) < K)[:, None] & tvalid[None, :], other=0.0)
@@ -317,7 +238,7 @@ def _expand_kernel(bits_ptr, woff_ptr, val_ptr, w_ptr, M, KP, KW,
     k0 = tl.program_id(1) * EK
     bits_row = bits_ptr + rows.to(tl.int64) * KW
     base = tl.load(woff_ptr + rows.to(tl.int64) * KW + k0 // 32, mask=rvalid & (k0 // 32 < KW), other=0)
-    bit, pos, cnt = _expand_chunk(bits_row, base, k0, KW, rvalid, EM, EK, HW)
+    bit, pos, cnt = expand_chunk(bits_row, base, k0, KW, rvalid, EM, EK, HW)
     a = tl.load(val_ptr + pos, mask=bit, other=0.0)
     cols = k0 + tl.arange(0, EK)
     tl.store(w_ptr + rows[:, None].to(tl.int64) * KP + cols[None, :], a.to(w_ptr.dtype.element_ty),
@@ -392,40 +313,11 @@ def _padded_k(K: int) -> int:
     return -(-K // _EXPAND_K) * _EXPAND_K
 
 
-_ROWT_WS: dict = {}
-
-
-def _rowt_workspace(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """row_t's transposed copy of x, one per (device, dtype), grown on demand, fully rewritten by
-    each call. Make the first call before a CUDA-graph capture."""
-    ws = _ROWT_WS.get((device, dtype))
-    if ws is None or ws.numel() < numel:
-        ws = torch.empty(max(numel, 1 << 16), dtype=dtype, device=device)
-        _ROWT_WS[(device, dtype)] = ws
-    return ws
-
-
-def _dense_workspace(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """The expand path's dense copy of A, one per (device, dtype), grown on demand and fully
-    rewritten by every call (nothing to clear). Make the first call before a CUDA-graph capture.
-    Expand launches on two streams at once must not share a device."""
-    ws = _DENSE_WS.get((device, dtype))
-    if ws is None or ws.numel() < numel:
-        ws = torch.empty(numel, dtype=dtype, device=device)
-        _DENSE_WS[(device, dtype)] = ws
-    return ws
-
+_ROWT_WS: dict = {}  # row_t's transposed, padded copy of x (scratch(), at least 64 K elements)
 
 # ---------------------------------------------------------------------------------------------
 # launch
 # ---------------------------------------------------------------------------------------------
-def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs follow torch's matmul setting (tf32 only when torch allows it)."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
 def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None,
            residual=None, scale: float = 1.0) -> torch.Tensor:
     """out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual; strides of x, out, residual free."""
@@ -445,7 +337,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
             # strips of (K + 1, block_n) with the tokens adjacent, a zero row at K and zero tokens
             # past N: the gather becomes unmasked vector loads from the program's own strip
             bn = config.block_n
-            xt = _rowt_workspace(x.device, x.dtype, grid[1] * (K + 1) * bn)
+            xt = scratch(_ROWT_WS, x.device, x.dtype, grid[1] * (K + 1) * bn, minimum=1 << 16)
             _transpose_pad_kernel[(triton.cdiv(K + 1, 64), grid[1])](
                 x, xt, N, K, x.stride(0), x.stride(1), BT=bn, BK=64, num_warps=4)
             _spmm_rowt_kernel[grid](
@@ -488,7 +380,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     elif config.path == "expand":
         bits, woff = csr_bitmap(A)
         kp = _padded_k(K)
-        w = _dense_workspace(x.device, x.dtype, M * kp)
+        w = scratch(_DENSE_WS, x.device, x.dtype, M * kp)
         _expand_kernel[(triton.cdiv(M, _EXPAND_M), max(1, kp // _EXPAND_K))](
             bits, woff, A.values, w, M, kp, bits.shape[1],
             EM=_EXPAND_M, EK=_EXPAND_K, HW=HW_POPC, num_warps=4,
@@ -509,61 +401,56 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
 # ---------------------------------------------------------------------------------------------
 # the config space and what each config costs (for the cost model)
 # ---------------------------------------------------------------------------------------------
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
 def _smem_dense(dtype: str, bm: int, bn: int, bk: int, stages: int) -> int:
-    s = _ELEM.get(dtype, 2)
+    s = ELEMENT_BYTES.get(dtype, 2)
     return stages * bk * bn * s + bm * bk * s
 
 
 def _tokens_adjacent(problem: Problem) -> bool:
     """x's tokens are contiguous (spmm's X^T): the row path's gather is then vector loads."""
-    return getattr(problem, "layout", "linear") == "spmm" or problem.op == "spmm"
+    return problem.layout == "spmm" or problem.op == "spmm"
 
 
 def space(problem: Problem) -> list[Config]:
-    """Valid configs of both paths for this problem (about 15-30)."""
+    """Valid configs of the four paths for this problem (about 15-35)."""
     n = max(1, problem.n)
     out: list[Config] = []
     # --- row path: Sputnik, CUDA cores ---------------------------------------------------------
     # steps longer than the typical row waste lanes; tiles of 1-8K elements keep registers sane
-    nnz_cap = max(32, _pow2(int(problem.stats.items_mean)))
-    bns = {min(_pow2(n), 32)} | ({8} if n > 8 else set()) | ({16} if n > 16 else set())
+    nnz_cap = max(32, next_pow2(int(problem.stats.items_mean)))
+    bns = {min(next_pow2(n), 32)} | ({8} if n > 8 else set()) | ({16} if n > 16 else set())
     if n > 64:  # prefill: the row path gathers nnz x N elements and cannot win; a few configs
         bns = {64}
     if 1 < n <= 64 and not _tokens_adjacent(problem):
         # row_t: (rows, nonzeros, tokens) tiles of <= 64 fp32 accumulators per thread; all tokens
         # in one strip up to 32 (one pass over the values)
-        # (N = 32 also in two 16-token strips: each strip's x copy is half the L1 footprint)
-        for bn in sorted({min(_pow2(n), 32)} | ({16} if n > 16 else set()), reverse=True):
+        # (16 < N <= 64 also in 16-token strips: each strip's x copy is a smaller L1 footprint)
+        for bn in sorted({min(next_pow2(n), 32)} | ({16} if n > 16 else set()), reverse=True):
             # small programs first: 1-2 warps with 32-64 nonzeros per row in flight measured best
             # (benchmarks/profile_decode.py: qkv N=16, 2x64 on 2 warps 12.5 us vs 4x128 on 4 15.2)
             for r, bnnz, w in ((2, 64, 2), (2, 32, 1), (1, 64, 1), (4, 32, 2), (4, 64, 4), (2, 128, 4),
-                               (1, 128, 2), (1, 256, 4))[: 8 if bn == min(_pow2(n), 32) else 3]:
+                               (1, 128, 2), (1, 256, 4))[: 8 if bn == min(next_pow2(n), 32) else 3]:
                 if bnnz <= max(64, nnz_cap) and r * bnnz * bn <= 64 * 32 * w:
                     out.append(Config("row_t", r, bn, bnnz, num_warps=w, num_stages=2))
-    for path in ["row"]:
-        for bn in sorted(bns):
-            picked = 0
-            for r, bnnz in ((1, 512), (2, 256), (4, 128), (8, 64), (4, 256), (16, 64), (8, 128),
-                            (2, 128), (4, 64), (16, 32), (32, 32), (1, 128)):
-                tile = r * bn * bnnz
-                if bnnz > nnz_cap or not 1024 <= tile <= 8192 or picked >= (5 if path == "row" and n <= 64 else 3):
-                    continue
-                out.append(Config(path, r, bn, bnnz, num_warps=4 if tile <= 4096 else 8, num_stages=2))
-                picked += 1
-            if not picked:
-                out.append(Config(path, 4, bn, 64, num_warps=4, num_stages=2))
+    for bn in sorted(bns):
+        picked = 0
+        for r, bnnz in ((1, 512), (2, 256), (4, 128), (8, 64), (4, 256), (16, 64), (8, 128),
+                        (2, 128), (4, 64), (16, 32), (32, 32), (1, 128)):
+            tile = r * bn * bnnz
+            if bnnz > nnz_cap or not 1024 <= tile <= 8192 or picked >= (5 if n <= 64 else 3):
+                continue
+            out.append(Config("row", r, bn, bnnz, num_warps=4 if tile <= 4096 else 8, num_stages=2))
+            picked += 1
+        if not picked:
+            out.append(Config("row", 4, bn, 64, num_warps=4, num_stages=2))
     # --- dense path: tensor cores -----------------------------------------------------------
     if n <= 32:
         # decode: few tiles, so K is split until ~4 programs per SM are in flight
-        bn = max(16, _pow2(n))
+        bn = max(16, next_pow2(n))
         for bm, bk, w in ((16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8), (128, 64, 8)):
             tiles = -(-problem.m // bm) * -(-n // bn)
             chunks = -(-problem.k // bk)
-            want = _pow2(-(-528 // max(1, tiles)))
+            want = next_pow2(-(-528 // max(1, tiles)))
             for split in sorted({1, min(want, max(1, chunks // 2)), min(2 * want, max(1, chunks // 2))}):
                 out.append(Config("dense", bm, bn, bk, num_warps=w, num_stages=3, split_k=split))
     else:
@@ -571,16 +458,16 @@ def space(problem: Problem) -> list[Config]:
                 (64, 256, 32, 8, 3), (64, 256, 64, 8, 3), (128, 256, 32, 8, 3), (128, 256, 64, 8, 3),
                 (128, 128, 64, 8, 4), (64, 128, 128, 4, 3)]
         for bm, bn, bk, w, st in cand:
-            bn = min(bn, max(16, _pow2(n)))
+            bn = min(bn, max(16, next_pow2(n)))
             c = Config("dense", bm, bn, bk, num_warps=w, num_stages=st)
             if c not in out and _smem_dense(problem.dtype, bm, bn, bk, st) <= 200 * 1024:
                 out.append(c)
     # --- expand path: densify once, then a dense tensor-core GEMM (prefill) ---------------------
     if n >= 128:
-        s = _ELEM.get(problem.dtype, 2)
+        s = ELEMENT_BYTES.get(problem.dtype, 2)
         for bm, bt, bk, w, st in ((256, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
                                   (128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 32, 4, 4)):
-            bt = min(bt, max(16, _pow2(n)))
+            bt = min(bt, max(16, next_pow2(n)))
             if s == 4 and bk > 32:
                 bk = 32
             c = Config("expand", bm, bt, bk, num_warps=w, num_stages=st)
@@ -597,7 +484,7 @@ FUSED_EXPAND_COST = 2.5
 def features(problem: Problem, config: Config) -> KernelFeatures:
     st = problem.stats
     M, K, N = problem.m, problem.k, max(1, problem.n)
-    s = _ELEM.get(problem.dtype, 2)
+    s = ELEMENT_BYTES.get(problem.dtype, 2)
     idx = 2 if K < 2**15 else 4
     nnz = st.nnz
     epi = problem.epilogue
