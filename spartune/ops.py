@@ -82,10 +82,11 @@ def _state(A, op) -> dict:
 
 
 def _check_format(A, op):
+    op, name = {"softmax": ("sparse_softmax", "A"), "sddmm": ("sddmm", "pattern")}.get(op, (op, "A"))
     if not isinstance(A, SparseFormat):
-        raise TypeError(f"{op}: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+        raise TypeError(f"{op}: {name} must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
     if A.dtype not in TOLERANCE:
-        raise TypeError(f"{op}: A must hold float16, bfloat16 or float32 values, got {A.dtype} (use A.with_values)")
+        raise TypeError(f"{op}: {name} must hold float16, bfloat16 or float32 values, got {A.dtype} (use .with_values)")
 
 
 def _check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
@@ -101,6 +102,13 @@ def _check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
     if last is not None and (t.dim() == 0 or t.shape[-1] != last):
         raise ValueError(f"{name} must have last dimension {last}, got shape {tuple(t.shape)}")
+
+
+def _check_scale(scale) -> float:
+    """scale as a float, or a clear error before any kernel (or tuning) runs."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
+    return float(scale)
 
 
 def _check_out_dtype(out_dtype):
@@ -129,6 +137,8 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
         check_activation(activation)
     if out_dtype is not None:
         _check_out_dtype(out_dtype)
+    if scale != 1.0:
+        scale = _check_scale(scale)
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
     out = torch.empty((x2.shape[0], M), dtype=out_dtype or dtype, device=device)
@@ -158,6 +168,9 @@ def spmm(A, X, *, out_dtype=None):
 
 def prepare(A, n: int, *, bias: bool = False, activation=None, residual: bool = False, out_dtype=None) -> None:
     """Tune `linear` for this weight at n tokens now (on random inputs), not at the first call."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"prepare: n (tokens) must be a positive int, got {n!r}")
+    _state(A, "prepare")
     M, K = A.shape
     x = torch.randn(n, K, device=A.device).to(A.dtype)
     linear(x, A, torch.randn(M, device=A.device).to(A.dtype) if bias else None, activation,
@@ -169,6 +182,7 @@ def sddmm(a, b, pattern, *, scale: float = 1.0):
     the same format with new values (fp32 accumulation, a's dtype)."""
     if not isinstance(pattern, (CSR, BlockSparse)):
         raise TypeError(f"sddmm: pattern must be CSR or BlockSparse, got {type(pattern).__name__}")
+    scale = _check_scale(scale)
     M, N = pattern.shape
     _check_tensor("a", a, device=pattern.device, dim=2)
     _check_tensor("b", b, dtype=a.dtype, device=pattern.device, dim=2)
@@ -191,6 +205,7 @@ def sparse_softmax(A, *, scale: float = 1.0):
     empty. Returns the same format with the probabilities as values."""
     if not isinstance(A, (CSR, BlockSparse)):
         raise TypeError(f"sparse_softmax: A must be CSR or BlockSparse, got {type(A).__name__}")
+    scale = _check_scale(scale)
     epi = Epilogue(scale=scale != 1.0)
     ours = {"softmax": (softmax_kernels, lambda cfg: softmax_kernels.launch(A, cfg, scale=scale))}
     library = {"dense": lambda: _dense_softmax(A, scale)}

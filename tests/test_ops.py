@@ -376,6 +376,8 @@ BAD_LINEAR = {
     "out_dtype fp64": (lambda: st.linear(x32, A32, out_dtype=torch.float64), TypeError, "out_dtype"),
     "out_dtype str": (lambda: st.linear(x32, A32, out_dtype="float16"), TypeError, "out_dtype"),
     "NM x dtype": (lambda: st.linear(x32.half(), NM32), TypeError, "dtype"),
+    "scale str": (lambda: st.linear(x32, A32, scale="2"), TypeError, "scale must be a real number"),
+    "scale None": (lambda: st.linear(x32, A32, scale=None), TypeError, "scale must be a real number"),
 }
 
 BAD_OTHERS = {
@@ -396,6 +398,12 @@ BAD_OTHERS = {
                             "CSR or BlockSparse"),
     "softmax NM": (lambda: st.sparse_softmax(NM32), TypeError, "CSR or BlockSparse"),
     "softmax dense": (lambda: st.sparse_softmax(torch.randn(M, K)), TypeError, "CSR or BlockSparse"),
+    "sddmm scale": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K, 8), A32, scale="a"), TypeError, "scale"),
+    "sddmm pattern fp64": (lambda: st.sddmm(torch.randn(M, 8), torch.randn(K, 8), A32.with_values(A32.values.double())),
+                           TypeError, "sddmm: pattern must hold"),
+    "softmax scale": (lambda: st.sparse_softmax(A32, scale=None), TypeError, "scale must be a real number"),
+    "prepare n": (lambda: st.prepare(A32, 0), ValueError, "n \\(tokens\\) must be a positive int"),
+    "prepare n float": (lambda: st.prepare(A32, 2.5), ValueError, "positive int"),
 }
 
 

@@ -50,9 +50,11 @@ class SparseLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        moved = {f.name: fn(getattr(self.weight, f.name)) for f in dataclasses.fields(self.weight)
-                 if isinstance(getattr(self.weight, f.name), torch.Tensor)}
-        self.weight = dataclasses.replace(self.weight, **moved)
+        tensors = self.weight._tensors()
+        moved = {name: fn(t) for name, t in tensors.items()}
+        if any(moved[name] is not t for name, t in tensors.items()):
+            # a new weight object (re-validated); an unchanged one keeps its tuned choices and caches
+            self.weight = dataclasses.replace(self.weight, **moved)
         return self
 
     def extra_repr(self) -> str:
