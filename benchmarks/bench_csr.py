@@ -13,8 +13,8 @@ writes JSON to DIR/bench_csr.json (DIR: --out, else $OUT, else ./out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import os
 import time
 import warnings
@@ -25,6 +25,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 import spartune as st
 from spartune.kernels import sddmm, spmm_csr
+from spartune.tune.measure import cold_replay
 from spartune.tune.problem import Problem
 
 SPMM_CASES = [  # name, M, K, N
@@ -56,38 +57,12 @@ def bench(fn, small_us: float = 20.0) -> tuple[float, bool]:
     return t, False
 
 
-_FLUSH = None
-
-
-def bench_cold(fn, reps: int = 50) -> float:
-    """Seconds per call with L2 flushed before every call, from graph replays of
-    (flush, fn) minus replays of flush alone: decode weights (a few MB) otherwise stay in L2."""
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(2**26, device="cuda", dtype=torch.int32)  # 256 MiB
+def bench_cold(fn) -> float:
+    """Seconds per call with the L2 evicted before every call (spartune.tune.measure.cold_replay):
+    decode weights (a few MB, or cuBLAS's 32 MB dense copy) otherwise stay in L2."""
     fn()
     torch.cuda.synchronize()
-    times = []
-    for body in (lambda: (_FLUSH.zero_(), fn()), lambda: _FLUSH.zero_()):
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            body()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g):
-                for _ in range(reps):
-                    body()
-        torch.cuda.synchronize()
-        best = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            best.append(a.elapsed_time(b) * 1e-3 / reps)
-        times.append(sorted(best)[len(best) // 2])
-    return max(times[0] - times[1], 0.0)
+    return cold_replay(fn)
 
 
 def device_rates() -> dict:
@@ -104,36 +79,12 @@ def device_rates() -> dict:
 # ranking configs when not all are measured
 # --------------------------------------------------------------------------------------------
 def make_ranker(rates):
-    try:
-        from spartune.tune import model
+    """The cost model, with this run's measured rates, ranks the configs to measure."""
+    from spartune.tune import model
 
-        spec = model.DeviceSpec.h100()
-        import dataclasses
-
-        spec = dataclasses.replace(spec, mma_fp16=rates["matrix_flops"], dram_bw=rates["dram_bw"], fma=rates["fma_flops"])
-
-        def predict(prob, feats):
-            return model.predict(feats, spec, prob.dtype)
-
-        predict(*_probe_problem())
-        return predict, "spartune.tune.model"
-    except Exception as e:  # noqa: BLE001  (model not there yet, or its API moved)
-        warnings.warn(f"cost model unavailable ({e!r}); ranking with a roofline")
-
-    def roofline(prob, f):
-        sms = rates["sms"]
-        waves = math.ceil(f.programs / (2 * sms)) / max(f.programs / (2 * sms), 1e-9)
-        body = max(f.mma_flops / (0.6 * rates["matrix_flops"]), f.fma_flops / (0.5 * rates["fma_flops"]),
-                   f.dram_bytes / rates["dram_bw"], f.l2_bytes / (2.5 * rates["dram_bw"]))
-        return body * max(1.0, waves) + f.reduce_bytes / rates["dram_bw"] + 2e-6
-    return roofline, "roofline"
-
-
-def _probe_problem():
-    A = st.CSR.from_dense(torch.eye(64))
-    prob = Problem("linear", "csr", 64, 64, 16, "float16", A.stats())
-    cfg = spmm_csr.space(prob)[0]
-    return prob, spmm_csr.features(prob, cfg)
+    spec = dataclasses.replace(model.DeviceSpec.h100(), mma_fp16=rates["matrix_flops"], dram_bw=rates["dram_bw"],
+                               fma=rates["fma_flops"])
+    return (lambda prob, feats: model.predict(feats, spec, prob.dtype)), "spartune.tune.model"
 
 
 def choose(configs, prob, features_fn, rank, k, all_):

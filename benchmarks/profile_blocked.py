@@ -15,22 +15,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_blocked import SHAPES, make_format, problem_of  # noqa: E402
 from eval_tuner import Precompiler  # noqa: E402
 from spartune.kernels import spmm_blocked  # noqa: E402
+from spartune.tune.measure import time_callable  # noqa: E402
 
 
-def times(fn, once=False):
-    fn()
-    torch.cuda.synchronize()
-    if once:
-        return float("nan"), float("nan")
-    cold = do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
-    hot = do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3
-    return cold, hot
+def times(fn):
+    """(cold, hot) microseconds: do_bench's median with the L2 flushed, and graph replay."""
+    return (time_callable(fn, graph=False, warmup_ms=10, rep_ms=40) * 1e6,
+            time_callable(fn, graph=True, cold=False, rep_ms=40) * 1e6)
 
 
 def main():
@@ -52,17 +48,15 @@ def main():
         x = torch.randn(args.n, K, device="cuda", dtype=torch.float16, generator=gen)
         out = torch.empty(args.n, M, device="cuda", dtype=torch.float16)
         ref = F.linear(x.float(), w.float())
-        configs = spmm_blocked.space(problem_of(args.fmt, A, args.n))
-        if args.once is not None:
-            configs = [c for c in configs if c.bn >= args.min_bn]
+        configs = [c for c in spmm_blocked.space(problem_of(args.fmt, A, args.n)) if c.bn >= args.min_bn]
+        if args.extra:
+            configs += [spmm_blocked.Config(bn, 64, wps, 1, g, tma) for bn in (64, 128, 256) for wps in (4, 8)
+                        for g in (1, 8) for tma in (False, True) if 64 * bn // (32 * wps) <= 256]
+        if args.once is not None:  # the same indices as a timed run with the same flags
             for i in args.once:
                 spmm_blocked.launch(A, x, out, configs[i])
             torch.cuda.synchronize()
             continue
-        configs = [c for c in configs if c.bn >= args.min_bn]
-        if args.extra:
-            configs += [spmm_blocked.Config(bn, 64, w, 1, g, tma) for bn in (64, 128, 256) for w in (4, 8)
-                        for g in (1, 8) for tma in (False, True) if 64 * bn // (32 * w) <= 256]
         pre.wait(pre.collect([lambda c=c: spmm_blocked.launch(A, x, out, c) for c in configs]), timeout=240)
         d_cold, d_hot = times(lambda: F.linear(x, w))
         rows = []

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_blocked import SHAPES, make_format  # noqa: E402
+from profile_blocked import times  # noqa: E402
 from spartune.kernels import spmm_blocked  # noqa: E402
 from spartune.kernels._common import grouped_order  # noqa: E402
 
@@ -30,13 +30,10 @@ def ws_kernel(x_desc, a_desc, out_desc, crow_ptr, col_ptr, M, N, n_units,
               PERSISTENT: tl.constexpr, WS: tl.constexpr):
     n_strips = tl.cdiv(N, BN)
     n_tiles = n_units * n_strips
+    step = n_tiles  # a grid of tiles: one per program
     if PERSISTENT:
-        first_tile = tl.program_id(0)
         step = tl.num_programs(0)
-    else:
-        first_tile = tl.program_id(0)
-        step = n_tiles
-    for tile in tl.range(first_tile, n_tiles, step, warp_specialize=WS and PERSISTENT):
+    for tile in tl.range(tl.program_id(0), n_tiles, step, warp_specialize=WS and PERSISTENT):
         unit, strip = grouped_order(tile, n_units, n_strips, GROUP)
         n0 = strip * BN
         start = tl.load(crow_ptr + unit)
@@ -48,13 +45,6 @@ def ws_kernel(x_desc, a_desc, out_desc, crow_ptr, col_ptr, M, N, n_units,
             xt = x_desc.load([n0, c * BK])
             acc = tl.dot(a, xt.T, acc)
         out_desc.store([n0, unit * BM], acc.to(tl.float16).T)
-
-
-def times(fn):
-    fn()
-    torch.cuda.synchronize()
-    return (do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3,
-            do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3)
 
 
 def main():

@@ -87,13 +87,10 @@ def _blocked_spmm_tma_kernel(
     them and never beats the grid (benchmarks/LOG.md v3, v4)."""
     n_strips = tl.cdiv(N, BN)
     n_tiles = n_units * n_strips
+    step = n_tiles  # a grid of tiles: one per program
     if PERSISTENT:
-        first_tile = tl.program_id(0)
         step = tl.num_programs(0)
-    else:
-        first_tile = tl.program_id(0)
-        step = n_tiles
-    for tile in tl.range(first_tile, n_tiles, step, flatten=PERSISTENT):
+    for tile in tl.range(tl.program_id(0), n_tiles, step, flatten=PERSISTENT):
         unit, strip = grouped_order(tile, n_units, n_strips, GROUP)
         n0 = strip * BN
         start = tl.load(crow_ptr + unit)
