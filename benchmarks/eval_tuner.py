@@ -305,8 +305,8 @@ def time_candidate(run, best: float, warmup_ms: int, rep_ms: int) -> dict:
         if quick > SLOW_S and quick > SLOW_FACTOR * best:
             row.update(seconds=quick, how="quick")
         elif quick < SHORT_S:
-            # short: time_callable re-times it by CUDA-graph replay (10 replays of rep_ms each),
-            # so a short rep is already thousands of calls
+            # short: time_callable re-times it by CUDA-graph replay with the L2 evicted before each
+            # call (measure.cold_replay: rounds of ~1 ms), so a short rep is still many calls
             row.update(seconds=float(time_callable(run, warmup_ms=1, rep_ms=SHORT_REP_MS)), how="graph")
         else:
             row.update(seconds=float(time_callable(run, warmup_ms=warmup_ms, rep_ms=rep_ms)), how="bench")

@@ -57,10 +57,6 @@ class Spec:
     suite: str = ""
 
     @property
-    def shape_label(self) -> str:
-        return f"{self.name} {self.M}x{self.K} N={self.N}"
-
-    @property
     def sparsity(self) -> float:
         return 1.0 - self.density
 
