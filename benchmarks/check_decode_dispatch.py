@@ -1,11 +1,15 @@
-"""The user path for CSR decode: what spartune.linear (fast mode) picks for qkv 4096x4096 at 90%,
-and its time hot (graph replay) and cold (L2 flushed) beside cuBLAS.  python benchmarks/check_decode_dispatch.py"""
-import sys, torch, torch.nn.functional as F
-sys.path.insert(0, "benchmarks")
+"""The user path for CSR decode: what spartune.linear (fast mode) picks for qkv 4096x4096 at
+90%, and its time hot (graph replay) and cold (L2 evicted before each call) beside cuBLAS.
+
+    python benchmarks/check_decode_dispatch.py
+"""
+import torch
+import torch.nn.functional as F
+
 import spartune as st
-from spartune import ops
-from bench_csr import bench_cold
-from triton.testing import do_bench_cudagraph
+from spartune.bench.runner import choice_dict, find_choice
+from spartune.tune.measure import cold_replay, time_callable
+
 g = torch.Generator(device="cuda").manual_seed(0)
 M = K = 4096
 w = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
@@ -13,15 +17,13 @@ w = w * (torch.rand(M, K, device="cuda", generator=g) < 0.1)
 A = st.CSR.from_dense(w)
 for N in (1, 16, 32):
     x = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=g)
-    y = st.linear(x, A)
-    torch.cuda.synchronize()
-    state = ops._choices[A]
-    picked = [v for k, v in state.items() if k != "meta"]
+    y = st.linear(x, A)  # tunes on the first call
     ref = F.linear(x.float(), w.float())
     err = ((y.float() - ref).norm() / ref.norm()).item()
-    h = do_bench_cudagraph(lambda: st.linear(x, A), rep=30, return_mode="median") * 1e3
-    c = bench_cold(lambda: st.linear(x, A)) * 1e6
-    dh = do_bench_cudagraph(lambda: F.linear(x, w), rep=30, return_mode="median") * 1e3
-    dc = bench_cold(lambda: F.linear(x, w)) * 1e6
-    print(f"N={N}: spartune.linear hot {h:.1f} cold {c:.1f} | cuBLAS hot {dh:.1f} cold {dc:.1f} | x cold {dc / c:.2f} | err {err:.1e}")
-    print("   picked:", str(picked[-1])[:300])
+    ours, dense = (lambda: st.linear(x, A)), (lambda: F.linear(x, w))
+    h, dh = (time_callable(f, graph=True, cold=False, rep_ms=30) * 1e6 for f in (ours, dense))
+    c, dc = (cold_replay(f) * 1e6 for f in (ours, dense))
+    print(f"N={N}: spartune.linear hot {h:.1f} cold {c:.1f} | cuBLAS hot {dh:.1f} cold {dc:.1f} | "
+          f"x cold {dc / c:.2f} | err {err:.1e}")
+    picked = choice_dict(find_choice(A, N, "float16"))
+    print("   picked:", picked["label"] if picked else "?")

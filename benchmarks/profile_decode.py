@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import spartune as st  # noqa: E402
 from spartune.kernels import spmm_csr  # noqa: E402
 from spartune.kernels._common import row_chunk, swizzled_rows  # noqa: E402
-from bench_csr import bench_cold  # noqa: E402
+from spartune.tune.measure import cold_replay  # noqa: E402
 
 
 @triton.jit
@@ -415,7 +415,7 @@ def main():
         return float("nan") if args.once else do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
 
     def cold(fn):
-        return float("nan") if args.once else bench_cold(fn) * 1e6
+        return float("nan") if args.once else cold_replay(fn) * 1e6
 
     for N in args.n:
         x = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=gen)
