@@ -317,6 +317,24 @@ def test_sddmm_and_softmax_choices_are_cached(monkeypatch):
     assert calls == ["tune", "pick", "tune", "pick"]
 
 
+@pytest.mark.parametrize("kind", ["csr", "block"])
+def test_sddmm_results_keep_the_pattern_without_revalidating_it(monkeypatch, kind):
+    # sddmm -> sparse_softmax chains build a format per call: its pattern is the input's, so it
+    # is not validated again (O(nnz) per call) and its memoised stats carry over
+    pattern = make_format(kind)
+    stats = pattern.stats()
+    validated = []
+    monkeypatch.setattr(type(pattern), "_validate", lambda self: validated.append(self))
+    g = _gen(15)
+    a, b = torch.randn(M, 16, generator=g), torch.randn(K, 16, generator=g)
+    scores = st.sddmm(a, b, pattern)
+    probs = st.sparse_softmax(scores)
+    assert validated == []
+    assert scores.stats() is stats and probs.stats() is stats
+    assert all(getattr(probs, n) is getattr(pattern, n) for n in pattern._tensors() if n != "values")
+    check_close(probs.to_dense(), ref.sparse_softmax(pattern.with_values(scores.values)), torch.float32)
+
+
 def test_cached_choices_are_dropped_with_the_weight():
     A = make_format("csr")
     st.linear(torch.randn(3, K), A)

@@ -148,6 +148,11 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Attributes memoised on a format object that depend on its pattern only, never on its values
+# (stats(); kernels register theirs, e.g. the CSR bitmap): kept by _with_values_trusted.
+PATTERN_CACHES = {"_stats"}
+
+
 class SparseFormat:
     """Mixin for the frozen dataclasses in this package.
 
@@ -209,6 +214,20 @@ class SparseFormat:
         if tuple(values.shape) != tuple(self.values.shape):
             raise ValueError(f"values must have shape {tuple(self.values.shape)}, got {tuple(values.shape)}")
         return dataclasses.replace(self, values=values.contiguous())
+
+    def _with_values_trusted(self, values: torch.Tensor) -> "SparseFormat":
+        """with_values for values an op just computed on this very pattern (same shape and
+        device, a float dtype): the unchanged pattern is not validated again (O(nnz) work and host syncs
+        on every sddmm / sparse_softmax call), and its memoised PATTERN_CACHES carry over."""
+        if tuple(values.shape) != tuple(self.values.shape):
+            raise ValueError(f"values must have shape {tuple(self.values.shape)}, got {tuple(values.shape)}")
+        new = object.__new__(type(self))
+        for f in dataclasses.fields(self):
+            object.__setattr__(new, f.name, getattr(self, f.name))
+        object.__setattr__(new, "values", values.contiguous())
+        for key in PATTERN_CACHES.intersection(self.__dict__):
+            object.__setattr__(new, key, self.__dict__[key])
+        return new
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}

@@ -10,6 +10,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..formats import CSR
+from ..formats._base import PATTERN_CACHES
 
 # ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
 # (2 per instruction, as an FMA counts 2): ~14 SASS instructions per element on sm_90 (bit test,
@@ -17,6 +18,7 @@ from ..formats import CSR
 EXPAND_FLOPS_PER_ELEMENT = 28.0
 
 _BITMAP_KEY = "_spartune_csr_bitmap"
+PATTERN_CACHES.add(_BITMAP_KEY)  # the pattern's, not the values': new values keep it
 
 
 def csr_bitmap(A: CSR) -> tuple[torch.Tensor, torch.Tensor]:
