@@ -16,6 +16,7 @@ import torch
 from . import backends, reference
 from .epilogue import check_activation
 from .formats import CSR, NM, VNM, BlockSparse, ShuffledBlock, SparseFormat
+from .formats._base import PATTERN_CACHES
 from .kernels import sddmm as sddmm_kernels
 from .kernels import sparse_softmax as softmax_kernels
 from .kernels import spmm_blocked, spmm_csr
@@ -326,16 +327,30 @@ def _dense_softmax(A, scale):
 
 def _gather_values(pattern, dense):
     """The entries of `dense` at the pattern's stored positions, in the pattern's value order."""
-    idx = pattern._scatter(torch.arange(pattern.values.numel(), device=dense.device, dtype=torch.float64)
-                           .reshape(pattern.values.shape))
-    mask = pattern.mask()
+    order, flat = _stored_positions(pattern)
     out = torch.zeros(pattern.values.numel(), dtype=dense.dtype, device=dense.device)
-    out[idx[mask].long()] = dense[mask]
+    out[order] = dense.reshape(-1)[flat]
     return out.reshape(pattern.values.shape)
 
 
 def _order_of(pattern):
     """Value positions in row-major order of their (row, col), to compare with mask-indexed references."""
-    idx = pattern._scatter(torch.arange(pattern.values.numel(), device=pattern.device, dtype=torch.float64)
-                           .reshape(pattern.values.shape))
-    return idx[pattern.mask()].long()
+    return _stored_positions(pattern)[0]
+
+
+_POSITIONS_KEY = "_spartune_stored_positions"
+PATTERN_CACHES.add(_POSITIONS_KEY)
+
+
+def _stored_positions(pattern):
+    """(order, flat), int64 (nnz,) each, in row-major order of the stored entries: their slots
+    in `values` and their flat positions in the dense (rows, cols) matrix. Memoised on the
+    pattern: the dense backends of sddmm / sparse_softmax gather with them on every call."""
+    cached = pattern.__dict__.get(_POSITIONS_KEY)
+    if cached is None:
+        mask = pattern.mask()
+        idx = pattern._scatter(torch.arange(pattern.values.numel(), device=pattern.device, dtype=torch.float64)
+                               .reshape(pattern.values.shape))
+        cached = (idx[mask].long(), mask.reshape(-1).nonzero().squeeze(1))
+        object.__setattr__(pattern, _POSITIONS_KEY, cached)
+    return cached
