@@ -154,12 +154,12 @@ def spmm_case(name, M, K, N, density, rates, gen, rank, args, dense_cache):
     row = dict(kind="spmm", shape=name, M=M, K=K, N=N, density=density, nnz=nnz, dense_s=t_dense,
                cusparse16_s=None, cusparse32_s=None, ours_s=best["s"] if best else None,
                config=best["config"] if best else None, path=best["path"] if best else None,
-               best_row_s=min((t for t in (by_path["row"], by_path["row_t"]) if t), default=None),
+               best_row_s=min((t for t in (by_path["row"], by_path["row_t"], by_path["ell"]) if t), default=None),
                best_row_t_s=by_path["row_t"], best_dense_s=by_path["dense"], best_expand_s=by_path.get("expand"),
                floor_tc_s=floor_tc, floor_fma_s=floor_fma, measured=measured,
                model_rank_of_best=best.get("model_rank") if best else None)
     if best:
-        floor = floor_fma if best["path"] in ("row", "row_t") else floor_tc
+        floor = floor_fma if best["path"] in ("row", "row_t", "ell") else floor_tc
         row.update(speedup=t_dense / best["s"], frac_floor=floor / best["s"])
         if N <= 32:
             cfg = picked[[str(c) for c in picked].index(best["config"])]
@@ -233,7 +233,7 @@ def _us(v):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="a few cases at 90%%: llama-up N=2048, qkv N=16/32, bert-ffn1 N=4096; one SDDMM")
+    ap.add_argument("--quick", action="store_true", help="a few cases at 90%%: llama-up N=2048, qkv N=1/16/32, bert-ffn1 N=4096; one SDDMM")
     ap.add_argument("--all", action="store_true", help="measure every config of the space")
     ap.add_argument("--max-configs", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=None,
@@ -256,7 +256,7 @@ def main():
         spmm = [(n, m, k, nn, 0.1) for n, m, k, nn in SPMM_CASES if (n, nn) in want]
         sdd = []
     elif args.quick:
-        quick = (("llama7b-up", 2048), ("qkv", 16), ("qkv", 32), ("bert-ffn1", 4096))
+        quick = (("llama7b-up", 2048), ("qkv", 1), ("qkv", 16), ("qkv", 32), ("bert-ffn1", 4096))
         spmm = [(n, m, k, nn, 0.1) for n, m, k, nn in SPMM_CASES if (n, nn) in quick]
         sdd = [(4096, 64, 0.05)]
     else:
@@ -284,7 +284,7 @@ def main():
                    "seconds": time.time() - t0}, f, indent=1)
 
     print(f"\nSpMM, fp16, uniform random masks ({rates['device']}; times in us; x dense = cuBLAS / ours; "
-          f"x cuSP = faster cuSPARSE (fp16 or fp32) / ours; row = best of row/row_t, tc = dense path; "
+          f"x cuSP = faster cuSPARSE (fp16 or fp32) / ours; row = best of row/row_t/ell, tc = dense path; "
           f"exp = expand path (densify + GEMM); floor% per DESIGN.md, FMA rate for row paths; cold = L2 flushed, ours/dense)")
     print(f"{'shape':<12}{'N':>5}{'dens':>6}{'dense':>9}{'cuSP16':>10}{'cuSP32':>10}{'ours':>9}{'row':>9}{'tc':>9}{'exp':>9}"
           f"{'x dense':>8}{'x cuSP':>8}{'floor%':>7}{'cold o/d':>14}  config")

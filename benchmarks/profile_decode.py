@@ -360,7 +360,7 @@ def launcher(variant, cfg, A, x, xt, out, bn, cache):
     if variant == "row_t":
         return lambda: spmm_csr._spmm_rowt_kernel[grid](
             A.crow, A.col, A.values, A.row_order, xt, out, out, out, M, N, 1, bn, xs,
-            out.stride(0), out.stride(1), 0, 0, 1.0, R=r, BN=bn, BNNZ=step, PAD_K=K,
+            out.stride(0), out.stride(1), 0, 0, 1.0, (0,), R=r, BN=bn, BNNZ=step, PAD_K=K, NB=0, SENTINEL=0,
             HAS_BIAS=False, ACT=0, HAS_RES=False, num_warps=wps, num_stages=2)
     if variant == "prefetch":
         return lambda: rowt_prefetch_kernel[grid](A.crow, A.col, A.values, A.row_order, xt, out, M, N, xs,

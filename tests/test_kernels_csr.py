@@ -107,8 +107,9 @@ ROW_T = spmm_csr.Config("row_t", 2, 16, 64)
 DENSE = spmm_csr.Config("dense", 32, 16, 64, num_stages=3)
 SPLIT = spmm_csr.Config("dense", 16, 16, 32, num_stages=3, split_k=3)
 EXPAND = spmm_csr.Config("expand", 32, 16, 32, num_stages=2)
+ELL = spmm_csr.Config("ell", 2, 8, 32)
 PATHS = [pytest.param(ROW, id="row"), pytest.param(ROW_T, id="row_t"), pytest.param(DENSE, id="dense"),
-         pytest.param(SPLIT, id="split"), pytest.param(EXPAND, id="expand")]
+         pytest.param(SPLIT, id="split"), pytest.param(EXPAND, id="expand"), pytest.param(ELL, id="ell")]
 
 
 @pytest.mark.parametrize("config", PATHS)
@@ -198,6 +199,30 @@ def test_spmm_int32_indices():
     x = torch.randn(n, k, generator=g)
     for c in (ROW, spmm_csr.Config("dense", 16, 16, 128, split_k=8)):
         _assert_spmm(_run_spmm(A, x, c), x, A, torch.float32)
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_spmm_ell_bands(n):
+    """Every band of the banded ELL copy in use (300 rows of very different lengths, one full),
+    rows past the last granule, both kernels (n = 1: row, n > 1: row_t on the copy of x)."""
+    from spartune.kernels._ell import ELL_BANDS, banded_ell
+    m, k = 300, 200
+    g = _gen(21)
+    lengths = torch.randint(0, 60, (m,), generator=g)
+    lengths[7], lengths[150] = k, 0
+    w = torch.zeros(m, k)
+    for r, ln in enumerate(lengths.tolist()):
+        w[r, torch.randperm(k, generator=g)[:ln]] = torch.randn(ln, generator=g)
+    A = st.CSR.from_dense(w)
+    E = banded_ell(A)
+    starts, widths = E.bands[:ELL_BANDS - 1], E.bands[ELL_BANDS - 1:]
+    assert all(wd % 16 == 0 for wd in widths) and list(starts) == sorted(starts) and widths[0] >= k
+    assert E.padded >= A.col.numel() and int((E.values != 0).sum()) == int((A.values != 0).sum())
+    assert banded_ell(A) is E  # memoised
+    x = torch.randn(n, k, generator=g)
+    bias = torch.randn(m, generator=g)
+    for c in (spmm_csr.Config("ell", 4, 1 if n == 1 else 8, 64), spmm_csr.Config("ell", 1, 8, 32)):
+        _assert_spmm(_run_spmm(A, x, c, bias=bias), x, A, torch.float32, bias=bias)
 
 
 def test_spmm_split_workspace_is_left_clean():

@@ -1,6 +1,6 @@
 """SpMM with an unstructured CSR weight, in PyTorch's linear layout: out = act(scale * x @ A^T + bias) + residual.
 
-Four paths, chosen by `Config.path` (the tuner decides, never this file):
+Five paths, chosen by `Config.path` (the tuner decides, never this file):
 
 * ``"row"`` — Sputnik on CUDA cores. A program owns `block_m` sparse rows, taken in
   `A.row_order` (longest first: heavy rows start early and the rows of one program have
@@ -20,6 +20,12 @@ Four paths, chosen by `Config.path` (the tuner decides, never this file):
   loads: ~4 SASS instructions per (nonzero, token) on sm_90 (benchmarks/LOG.md, CSR decode; at
   decode the gather is bound by the L1, one cache line per nonzero). The row path uses the same
   kernel whenever x's tokens are already adjacent (spmm's X^T).
+
+* ``"ell"`` — decode: the row and row_t kernels on a banded ELL copy of A (kernels/_ell.py):
+  rows sorted longest first, padded to their band's width, so a program computes where its
+  rows are from a band table passed as arguments instead of loading row pointers first. At
+  decode the kernel is a few dependent round trips long, and that one was ~1.5 us of 7.3 at
+  N = 1 (benchmarks/LOG.md). Costs a second copy of the weight, ~2-4% padded.
 
 * ``"expand"`` — prefill: a first kernel expands A (bitmap + values, as the dense path does) into a
   dense (M, K rounded up to 128) workspace once per call, then a dense Triton GEMM with the fused
@@ -53,17 +59,18 @@ import triton
 import triton.language as tl
 
 from ..formats import CSR
-from ..tune.problem import KernelFeatures, Problem
+from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._bitmap import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, csr_bitmap, expand_chunk
+from ._ell import ELL_BANDS, ELL_WIDTH_STEP, banded_ell, banded_rows
 from ._common import ELEMENT_BYTES, dot_precision, grouped_order, next_pow2, row_chunk, scratch, swizzled_rows
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
 
-PATHS = ("row", "row_t", "dense", "expand")
+PATHS = ("row", "row_t", "ell", "dense", "expand")
 
 
 @dataclass(frozen=True)
 class Config:
-    path: str  # "row" | "row_t" (row on a token-contiguous copy of x) | "dense" | "expand"
+    path: str  # "row" | "row_t" (row on a token-contiguous copy of x) | "ell" | "dense" | "expand"
     block_m: int  # row: sparse rows per program; dense: rows of the output tile
     block_n: int  # tokens per program
     block_k: int  # row: nonzeros per step of a row; dense: K chunk (multiple of 32)
@@ -81,23 +88,30 @@ def _spmm_row_kernel(
     crow_ptr, col_ptr, val_ptr, order_ptr, x_ptr, out_ptr, bias_ptr, res_ptr,
     M, N,
     stride_xn, stride_xk, stride_on, stride_om, stride_rn, stride_rm,
-    scale,
-    R: tl.constexpr, BN: tl.constexpr, BNNZ: tl.constexpr,
+    scale, bands,
+    R: tl.constexpr, BN: tl.constexpr, BNNZ: tl.constexpr, NB: tl.constexpr, SENTINEL: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
 ):
+    """NB > 0: col/val/order are a banded ELL copy (kernels/_ell.py) of NB bands whose padding
+    entries hold column SENTINEL; NB == 0: plain CSR (bands unused)."""
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
+    if NB > 0:
+        rows, rvalid, start, length, longest = banded_rows(pid_r, order_ptr, M, bands, R, NB)
+    else:
+        rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
+        longest = tl.max(length, axis=0)
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + toks[None, :, None] * stride_xn  # (1, BN, 1)
     # products are summed per lane and reduced once at the end: no shuffles in the loop
     acc3 = tl.zeros((R, BN, BNNZ), dtype=tl.float32)
-    longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
         m, off = row_chunk(s, start, length, BNNZ)  # (R, BNNZ)
         c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
         v = tl.load(val_ptr + off, mask=m, other=0.0).to(tl.float32)
+        if NB > 0:
+            m = m & (c != SENTINEL)
         xv = tl.load(x_tok + c[:, None, :] * stride_xk, mask=m[:, None, :] & tvalid[None, :, None], other=0.0)
         acc3 += xv.to(tl.float32) * v[:, None, :]
     acc = tl.sum(acc3, axis=2)
@@ -110,8 +124,9 @@ def _spmm_rowt_kernel(
     crow_ptr, col_ptr, val_ptr, order_ptr, x_ptr, out_ptr, bias_ptr, res_ptr,
     M, N,
     stride_xn, stride_xk, stride_xs, stride_on, stride_om, stride_rn, stride_rm,
-    scale,
+    scale, bands,
     R: tl.constexpr, BN: tl.constexpr, BNNZ: tl.constexpr, PAD_K: tl.constexpr,
+    NB: tl.constexpr, SENTINEL: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
 ):
     """The row path for x with its tokens adjacent (stride_xn == 1: spmm's X^T, or row_t's copy).
@@ -121,15 +136,20 @@ def _spmm_rowt_kernel(
     makes the nonzeros the fast axis and every (nonzero, token) pair a scalar load).
     PAD_K > 0: x is row_t's copy, token strips of BN stored one after the other (stride_xs), each
     (K + 1, BN) with zero tokens past N and a zero row at column PAD_K, where padding lanes point:
-    the gather needs no mask, and a program's x footprint is its own strip."""
+    the gather needs no mask, and a program's x footprint is its own strip.
+    NB > 0: the banded ELL copy, as in _spmm_row_kernel (with PAD_K == SENTINEL its padding
+    entries point at the zero row)."""
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
+    if NB > 0:
+        rows, rvalid, start, length, longest = banded_rows(pid_r, order_ptr, M, bands, R, NB)
+    else:
+        rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
+        longest = tl.max(length, axis=0)
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + pid_n * stride_xs + tl.arange(0, BN)[None, None, :] * stride_xn  # (1, 1, BN)
     acc3 = tl.zeros((R, BNNZ, BN), dtype=tl.float32)
-    longest = tl.max(length, axis=0)
     for s in range(0, longest, BNNZ):
         m, off = row_chunk(s, start, length, BNNZ)  # (R, BNNZ)
         v = tl.load(val_ptr + off, mask=m, other=0.0).to(tl.float32)
@@ -138,6 +158,8 @@ def _spmm_rowt_kernel(
             xv = tl.load(x_tok + c[:, :, None] * stride_xk)
         else:
             c = tl.load(col_ptr + off, mask=m, other=0).to(tl.int32)
+            if NB > 0:
+                m = m & (c != SENTINEL)
             xv = tl.load(x_tok + c[:, :, None] * stride_xk, mask=m[:, :, None] & tvalid[None, None, :], other=0.0)
         acc3 += xv.to(tl.float32) * v[:, :, None]
     acc = tl.sum(acc3, axis=1)  # (R, BN)
@@ -331,9 +353,16 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     res_t = residual if has_res else out
     srn, srm = (residual.stride(0), residual.stride(1)) if has_res else (0, 0)
     scale = float(scale)
-    if config.path in ("row", "row_t"):
+    if config.path in ("row", "row_t", "ell"):
         grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n))
-        if config.path == "row_t" and x.stride(0) != 1 and N > 1:
+        if config.path == "ell":  # the same kernels on the banded ELL copy: no row-pointer load
+            E = banded_ell(A)
+            col, val, order, layout = E.cols, E.values, E.rows, dict(bands=E.bands, NB=ELL_BANDS, SENTINEL=K)
+        else:
+            col, val, order, layout = A.col, A.values, A.row_order, dict(bands=(0,), NB=0, SENTINEL=0)
+        common = dict(R=config.block_m, BNNZ=config.block_k, HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
+                      num_warps=config.num_warps, num_stages=config.num_stages, **layout)
+        if config.path in ("row_t", "ell") and x.stride(0) != 1 and N > 1:
             # strips of (K + 1, block_n) with the tokens adjacent, a zero row at K and zero tokens
             # past N: the gather becomes unmasked vector loads from the program's own strip
             bn = config.block_n
@@ -341,29 +370,19 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
             _transpose_pad_kernel[(triton.cdiv(K + 1, 64), grid[1])](
                 x, xt, N, K, x.stride(0), x.stride(1), BT=bn, BK=64, num_warps=4)
             _spmm_rowt_kernel[grid](
-                A.crow, A.col, A.values, A.row_order, xt, out, bias_t, res_t,
+                A.crow, col, val, order, xt, out, bias_t, res_t,
                 M, N, 1, bn, (K + 1) * bn, out.stride(0), out.stride(1), srn, srm, scale,
-                R=config.block_m, BN=bn, BNNZ=config.block_k, PAD_K=K,
-                HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
-                num_warps=config.num_warps, num_stages=config.num_stages,
-            )
+                BN=bn, PAD_K=K, **common)
         elif x.stride(0) == 1 and N > 1:
             _spmm_rowt_kernel[grid](
-                A.crow, A.col, A.values, A.row_order, x, out, bias_t, res_t,
+                A.crow, col, val, order, x, out, bias_t, res_t,
                 M, N, x.stride(0), x.stride(1), config.block_n * x.stride(0), out.stride(0), out.stride(1),
-                srn, srm, scale,
-                R=config.block_m, BN=config.block_n, BNNZ=config.block_k, PAD_K=0,
-                HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
-                num_warps=config.num_warps, num_stages=config.num_stages,
-            )
+                srn, srm, scale, BN=config.block_n, PAD_K=0, **common)
         else:
             _spmm_row_kernel[grid](
-                A.crow, A.col, A.values, A.row_order, x, out, bias_t, res_t,
+                A.crow, col, val, order, x, out, bias_t, res_t,
                 M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
-                R=config.block_m, BN=config.block_n, BNNZ=config.block_k,
-                HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
-                num_warps=config.num_warps, num_stages=config.num_stages,
-            )
+                BN=config.block_n, **common)
     elif config.path == "dense":
         bits, woff = csr_bitmap(A)
         tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
@@ -401,6 +420,17 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
 # ---------------------------------------------------------------------------------------------
 # the config space and what each config costs (for the cost model)
 # ---------------------------------------------------------------------------------------------
+# The ell path pads rows within a band; past this spread of row lengths (coefficient of
+# variation) bands of 32 rows waste too much to try it
+ELL_MAX_CV = 1.0
+
+
+def ell_padding(st) -> float:
+    """Padding entries per row the banded ELL copy is expected to hold: half a width step, and
+    about a third of the row-length spread a band of sorted rows covers."""
+    return ELL_WIDTH_STEP / 2 + st.items_mean * st.items_cv / 3
+
+
 def _smem_dense(dtype: str, bm: int, bn: int, bk: int, stages: int) -> int:
     s = ELEMENT_BYTES.get(dtype, 2)
     return stages * bk * bn * s + bm * bk * s
@@ -412,7 +442,7 @@ def _tokens_adjacent(problem: Problem) -> bool:
 
 
 def space(problem: Problem) -> list[Config]:
-    """Valid configs of the four paths for this problem (about 15-35)."""
+    """Valid configs of the five paths for this problem (about 15-40)."""
     n = max(1, problem.n)
     out: list[Config] = []
     # --- row path: Sputnik, CUDA cores ---------------------------------------------------------
@@ -432,6 +462,18 @@ def space(problem: Problem) -> list[Config]:
                                (1, 128, 2), (1, 256, 4))[: 8 if bn == min(next_pow2(n), 32) else 3]:
                 if bnnz <= max(64, nnz_cap) and r * bnnz * bn <= 64 * 32 * w:
                     out.append(Config("row_t", r, bn, bnnz, num_warps=w, num_stages=2))
+    if n <= 32 and problem.stats.items_cv <= ELL_MAX_CV:
+        # --- ell: the row kernels on the banded ELL copy (decode: the row-pointer round trip
+        # before the first index load is gone; benchmarks/LOG.md, "CSR decode at N = 1") -------
+        if n == 1:  # the row kernel, a whole row per step: (rows, warps)
+            step = min(512, max(64, nnz_cap))
+            for r, w in ((2, 2), (4, 4), (4, 8), (1, 2), (8, 8)):
+                out.append(Config("ell", r, 1, step, num_warps=w, num_stages=2))
+        else:  # row_t's kernel (x copied token-contiguous unless it already is)
+            bn = min(next_pow2(n), 32)
+            for r, bnnz, w in ((2, 64, 2), (2, 32, 1), (1, 64, 1), (4, 32, 2), (4, 64, 4), (1, 128, 2)):
+                if bnnz <= max(64, nnz_cap) and r * bnnz * bn <= 64 * 32 * w:
+                    out.append(Config("ell", r, bn, bnnz, num_warps=w, num_stages=2))
     for bn in sorted(bns):
         picked = 0
         for r, bnnz in ((1, 512), (2, 256), (4, 128), (8, 64), (4, 256), (16, 64), (8, 128),
@@ -491,20 +533,26 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     epi_bytes = (M * s if epi.bias else 0) + (N * M * s if epi.residual else 0)
     y_bytes = N * M * s
     x_bytes = N * K * s
-    if config.path in ("row", "row_t"):
+    if config.path in ("row", "row_t", "ell"):
         r, bn, bnnz = config.block_m, config.block_n, config.block_k
         strips = -(-N // bn)
         programs = -(-M // r) * strips
+        ell = config.path == "ell"
         # x gather: a token-contiguous x (spmm's X^T) moves useful bytes; the linear layout pays
         # about one sector per gathered element when nonzeros are sparse along K
-        adjacent = _tokens_adjacent(problem) or config.path == "row_t" or N == 1
+        adjacent = _tokens_adjacent(problem) or config.path in ("row_t", "ell") or N == 1
         per_elem = s if adjacent else min(32.0, s / max(st.density, 1e-6))
         gather = nnz * strips * bn * per_elem
-        copy = 2 * x_bytes if config.path == "row_t" else 0
-        stream = nnz * (s + idx) + 12 * M
-        steps_max = -(-st.items_max // bnnz)
-        # a program runs as long as its longest row; rows are sorted, so about the mean
-        steps_mean = max(0.0, math.ceil((st.items_mean * (1 + 0.5 * st.items_cv / max(1, r) ** 0.5)) / bnnz))
+        copy = 2 * x_bytes if config.path in ("row_t", "ell") and N > 1 else 0
+        slots = nnz + M * ell_padding(st) if ell else nnz  # padding entries are streamed too
+        stream = slots * (s + idx) + (4 if ell else 12) * M
+        # a program runs as long as its longest row; rows are sorted, so about the mean. The
+        # row paths load their row pointers before the first index: one dependent round trip
+        # more, declared as a share of a step's index -> tile chain (problem.INDEX_CHAIN)
+        prologue = 0.0 if ell else 1.0 / INDEX_CHAIN
+        steps_max = math.ceil(-(-st.items_max // bnnz) + prologue)
+        steps_mean = prologue + max(0.0, math.ceil(
+            (st.items_mean * (1 + 0.5 * st.items_cv / max(1, r) ** 0.5) + (ell_padding(st) if ell else 0)) / bnnz))
         return KernelFeatures(
             programs=programs, tiles=programs, mma_flops=0.0,
             # in flop-equivalents (2 per instruction): ~3.5 SASS instructions per (nonzero, token)
@@ -515,7 +563,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
             steps_max=int(steps_max), steps_mean=float(steps_mean),
             smem_bytes=r * bn * 4, num_warps=config.num_warps, num_stages=config.num_stages,
             regs_per_thread=min(255, max(48, 32 + r * bn * bnnz // (32 * config.num_warps))),
-            launches=2 if config.path == "row_t" and N > 1 else 1,
+            launches=2 if config.path in ("row_t", "ell") and N > 1 else 1,
         )
     if config.path == "expand":
         bm, bt, bk = config.block_m, config.block_n, config.block_k
