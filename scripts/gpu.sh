@@ -13,7 +13,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPARTUNE_CACHE_DIR=${SPARTUNE_CACHE_DI
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; export OUT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-# the GPU tests compile hundreds of kernels: three processes at once (about 4 minutes; one
+# the GPU tests compile hundreds of kernels: four processes at once (about 4 minutes; one
 # process took over 7)
 gpu_tests() {  # $1: log name, then pytest's selection
   local log=$1; shift
@@ -22,8 +22,9 @@ gpu_tests() {  # $1: log name, then pytest's selection
 if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py & p1=$!
   gpu_tests gpu_tests_csr1.log tests/gpu/test_csr_gpu.py -k "spmm_every_config" & p2=$!
-  gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config" & p3=$!
-  for p in $p1 $p2 $p3; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
+  gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config and not benchmark_shapes" & p3=$!
+  gpu_tests gpu_tests_csr3.log tests/gpu/test_csr_gpu.py -k "benchmark_shapes" & p4=$!
+  for p in $p1 $p2 $p3 $p4; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
   for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
 fi
 IFS=';' read -ra runs <<< "${RUNS-bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
