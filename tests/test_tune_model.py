@@ -292,6 +292,27 @@ def test_shfl_decode_wants_eight_warps():
         assert _blocked_time("shfl:64", m, k, 16, 0.2, num_warps=8) < 0.8 * _blocked_time("shfl:64", m, k, 16, 0.2)
 
 
+def test_csr_decode_prefers_the_ell_copy():
+    # the row paths load row pointers before their first index: one dependent round trip the
+    # banded ELL copy does not make (measured at N = 1: 7.3 -> 6.0 us cold, benchmarks/LOG.md)
+    import torch
+
+    from spartune.formats import CSR
+    from spartune.kernels import spmm_csr
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4096, 4096, generator=g) * (torch.rand(4096, 4096, generator=g) < 0.1)
+    stats = CSR.from_dense(w.half()).stats()
+    for n in (1, 16):
+        p = Problem("linear", "csr", 4096, 4096, n, "float16", stats)
+        best = {}
+        for c in spmm_csr.space(p):
+            t = predict(spmm_csr.features(p, c), H100, "float16")
+            best[c.path] = min(best.get(c.path, math.inf), t)
+        row = min(best.get("row", math.inf), best.get("row_t", math.inf))
+        assert best["ell"] < row < 1.3 * best["ell"]
+
+
 def test_persistent_and_tma_are_not_free():
     prefill = dict(fmt="block:64x64", m=4096, k=4096, n=2048, density=0.1)
     grid = _blocked_time(**prefill, bn=32, tma=True)
