@@ -75,11 +75,12 @@ _EVICT: dict = {}
 
 def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
-    operand is left in L2 by the previous call), minus the replayed write alone: medians of
-    rounds of ~1 ms (more rounds when rep_ms > 10). Raises when nothing is left.
-    (Known, benchmarks/LOG.md: the two medians are taken apart, so a drift of the write's time
-    between them lands on a short call; and the write leaves dirty lines whose write-back the
-    call's reads pay and the next write saves.)"""
+    operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
+    are replayed in turns and the median of the paired differences is kept, so a drift of the
+    ~35 us write between rounds cancels instead of landing on a short call. Rounds of ~1 ms
+    (more rounds when rep_ms > 10). Raises when nothing is left.
+    (Known, benchmarks/LOG.md: the write leaves dirty lines whose write-back the call's reads
+    pay and the next write saves; do_bench's flush charges it the same way.)"""
     import torch
 
     device = torch.cuda.current_device()
@@ -88,7 +89,7 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
         l2 = torch.cuda.get_device_properties(device).L2_cache_size
         evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
 
-    def replayed(body, reps: int, rounds: int) -> float:
+    def captured(body, reps: int):
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -99,21 +100,25 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
                 for _ in range(reps):
                     body()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(rounds):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3 / reps)
-        return sorted(times)[len(times) // 2]
+        return graph
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(graph, reps: int) -> float:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3 / reps
 
     both = lambda: (evict.zero_(), fn())  # noqa: E731
-    once = replayed(both, 1, 3)  # a first estimate sizes the rounds: ~1 ms each, so the write's
-    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # jitter averages out over the calls
+    once = timed(captured(both, 1), 1)  # a first estimate sizes the rounds: ~1 ms each, so the
+    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
     rounds = 7 if rep_ms <= 10 else 15
-    t = replayed(both, reps, rounds) - replayed(evict.zero_, reps, rounds)
+    g_both, g_write = captured(both, reps), captured(evict.zero_, reps)
+    timed(g_both, reps)
+    diffs = sorted(timed(g_both, reps) - timed(g_write, reps) for _ in range(rounds))
+    t = diffs[len(diffs) // 2]
     if not t > 0:  # the write's own jitter exceeded the call: time_callable keeps do_bench's time
         raise RuntimeError(f"cold replay: no time left after subtracting the eviction write ({t:.3g} s)")
     return t
