@@ -57,6 +57,47 @@ def merged_kernel(mcol_ptr, mval_ptr, mrow_ptr, xt_ptr, out_ptr, M, BLEN, CHUNK,
     gl.atomic_add(out_ptr + toks[None, :] * M + rows[:, None], acc, mask=(rows < M)[:, None], sem="relaxed")
 
 
+@gluon.jit
+def _entries(mcol_ptr, mval_ptr, mrow_ptr, at, CHUNK, ka, kb, PAD: gl.constexpr):
+    """Step `at`'s (columns, values, local rows); past the chunk: the zero row, 0, row 0."""
+    va = (at + ka) < CHUNK
+    vb = (at + kb) < CHUNK
+    v = gl.load(mval_ptr + at + ka, mask=va, other=0.0)
+    rr = gl.load(mrow_ptr + at + ka, mask=va, other=0).to(gl.int32)
+    c = gl.load(mcol_ptr + at + kb, mask=vb, other=PAD).to(gl.int32)
+    return c, v, rr
+
+
+@gluon.jit
+def merged_pipelined_kernel(mcol_ptr, mval_ptr, mrow_ptr, xt_ptr, out_ptr, M, BLEN, CHUNK,
+                            G: gl.constexpr, BN: gl.constexpr, PAD: gl.constexpr):
+    """merged_kernel with the entries loaded two steps ahead and the x rows one step ahead."""
+    blk = gl.program_id(0)
+    part = gl.program_id(1)
+    base = blk * BLEN + part * CHUNK
+    r_ids = gl.arange(0, 16, layout=gl.SliceLayout(1, A_L))
+    ka = gl.arange(0, G, layout=gl.SliceLayout(0, A_L))
+    kb = gl.arange(0, G, layout=gl.SliceLayout(1, B_L))
+    tok = gl.arange(0, BN, layout=gl.SliceLayout(0, B_L))
+    mc = mcol_ptr + base
+    mv = mval_ptr + base
+    mr = mrow_ptr + base
+    c0, v0, r0 = _entries(mc, mv, mr, 0, CHUNK, ka, kb, PAD)
+    c1, v1, r1 = _entries(mc, mv, mr, G, CHUNK, ka, kb, PAD)
+    x0 = gl.load(xt_ptr + c0[:, None] * BN + tok[None, :])
+    acc = gl.zeros([16, BN], gl.float32, MMA)
+    for s in range(0, CHUNK, G):
+        c2, v2, r2 = _entries(mc, mv, mr, s + 2 * G, CHUNK, ka, kb, PAD)
+        x1 = gl.load(xt_ptr + c1[:, None] * BN + tok[None, :])
+        onehot = gl.where(r_ids[:, None] == r0[None, :], v0[None, :], gl.zeros([16, G], gl.float16, A_L))
+        acc = mma_v2(onehot, x0, acc)
+        x0, v0, r0 = x1, v1, r1
+        c1, v1, r1 = c2, v2, r2
+    rows = blk * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
+    toks = gl.arange(0, BN, layout=gl.SliceLayout(0, MMA))
+    gl.atomic_add(out_ptr + toks[None, :] * M + rows[:, None], acc, mask=(rows < M)[:, None], sem="relaxed")
+
+
 def merged_layout(w: torch.Tensor, parts: int, G: int):
     """(cols, values, local rows, block length): per block of 16 rows its entries sorted by
     column, padded (column K: the zero row of x^T's copy, value 0) to one length for all blocks."""
@@ -78,7 +119,7 @@ def merged_layout(w: torch.Tensor, parts: int, G: int):
     return cols, vals, lrow, blen
 
 
-def sass(G, BN):
+def sass(G, BN, kernel=None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"mcol_ptr": "*i16", "mval_ptr": "*fp16", "mrow_ptr": "*i8", "xt_ptr": "*fp16", "out_ptr": "*fp32",
@@ -122,15 +163,20 @@ def main():
               f"cold {cold_replay(f) * 1e6:.2f}")
         xt = torch.zeros((K + 1) * N, device="cuda", dtype=torch.float16)
         out = torch.zeros(N, M, device="cuda", dtype=torch.float32)
-        for parts, G in ((4, 32), (8, 32), (16, 32), (8, 64), (16, 64), (32, 32)):
+        for parts, G, piped in ((8, 32, 0), (16, 64, 0), (4, 32, 1), (8, 32, 1), (16, 32, 1), (8, 64, 1),
+                                (16, 64, 1), (4, 64, 1)):
             cols, vals, lrow, blen = merged_layout(w, parts, G)
             grid = (-(-M // 16), parts)
 
-            def run(cols=cols, vals=vals, lrow=lrow, blen=blen, parts=parts, G=G, grid=grid):
+            def run(cols=cols, vals=vals, lrow=lrow, blen=blen, parts=parts, G=G, grid=grid, piped=piped):
                 spmm_csr._transpose_pad_kernel[(triton.cdiv(K + 1, 64), 1)](
                     x, xt, N, K, x.stride(0), x.stride(1), BT=N, BK=64, num_warps=4)
                 out.zero_()
-                merged_kernel[grid](cols, vals, lrow, xt, out, M, blen, blen // parts, G=G, BN=N, num_warps=1)
+                if piped:
+                    merged_pipelined_kernel[grid](cols, vals, lrow, xt, out, M, blen, blen // parts,
+                                                  G=G, BN=N, PAD=K, num_warps=1)
+                else:
+                    merged_kernel[grid](cols, vals, lrow, xt, out, M, blen, blen // parts, G=G, BN=N, num_warps=1)
 
             try:
                 run()
@@ -138,10 +184,10 @@ def main():
                 err = ((out - ref).norm() / ref.norm()).item()
                 h = time_callable(run, graph=True, cold=False, rep_ms=20) * 1e6
                 c = cold_replay(run) * 1e6
-                print(f"N={N} merged parts={parts} G={G} (block {blen}, pad {blen * grid[0] / A.values.numel() - 1:.1%}) "
+                print(f"N={N} merged{' pipelined' if piped else ''} parts={parts} G={G} (block {blen}, pad {blen * grid[0] / A.values.numel() - 1:.1%}) "
                       f"hot {h:.2f} cold {c:.2f} err {err:.1e}")
             except Exception as e:  # noqa: BLE001
-                print(f"N={N} merged parts={parts} G={G} FAILED {str(e).splitlines()[0][:150]}")
+                print(f"N={N} merged{' pipelined' if piped else ''} parts={parts} G={G} FAILED {str(e).splitlines()[0][:150]}")
 
 
 if __name__ == "__main__":
