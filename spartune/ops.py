@@ -146,9 +146,8 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
     key = (x2.shape[0], dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
            x2.stride(1) == 1)
-    launch = state.get(key)
-    if launch is None:
-        launch = state[key] = _linear_launcher(_tune_linear(A, x2, out, bias, activation, res2, scale), A)
+    launch = state.get(key) or _launcher(
+        A, state, key, lambda: _tune_linear(A, x2, out, bias, activation, res2, scale))
     out = launch(A, x2, out, bias, activation, res2, scale)
     return out if flat else out.reshape(*x.shape[:-1], M)
 
@@ -238,10 +237,23 @@ def _run_linear(A, x, out):
     """spmm's way in: the linear dispatch on transposed views, no epilogue."""
     state = _state(A, "spmm")
     key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1)
-    launch = state.get(key)
-    if launch is None:
-        launch = state[key] = _linear_launcher(_tune_linear(A, x, out, None, None, None, 1.0), A)
+    launch = state.get(key) or _launcher(A, state, key, lambda: _tune_linear(A, x, out, None, None, None, 1.0))
     return launch(A, x, out, None, None, None, 1.0)
+
+
+def _launcher(A, state, key, tune):
+    """Tunes a new call shape and caches its launcher. A kernel family may memoise layouts on
+    the weight while the tuner measures (spmm_csr's banded ELL copy: a second copy of the
+    weight); its `release_unused` drops those that no config chosen for this weight uses."""
+    choice = tune()
+    launch = state[key] = _linear_launcher(choice, A)
+    family = LINEAR_FAMILIES[type(A)]
+    release = getattr(family[1], "release_unused", None) if family is not None else None
+    if release is not None:
+        chosen = state.setdefault("chosen", {})
+        chosen[key] = choice.config if choice.backend == family[0] else None
+        release(A, [c for c in chosen.values() if c is not None])
+    return launch
 
 
 def _tune_linear(A, x, out, bias, activation, residual, scale):

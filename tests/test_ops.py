@@ -335,6 +335,25 @@ def test_sddmm_results_keep_the_pattern_without_revalidating_it(monkeypatch, kin
     check_close(probs.to_dense(), ref.sparse_softmax(pattern.with_values(scores.values)), torch.float32)
 
 
+def test_the_ell_copy_is_kept_only_while_a_choice_runs_on_it(monkeypatch):
+    # measuring the ell path builds a banded ELL copy of the weight (a second copy): it stays only
+    # while some call shape of this weight runs on it
+    from spartune.kernels._ell import _ELL_KEY
+    A = make_format("csr")
+    fastest = {"path": "row"}
+    tuner = Tuner(None, H100, mode="exhaustive", measurer=lambda c: 1e-6 if c.backend == "csr"
+                  and c.config.path == fastest["path"] else 1e-3)
+    monkeypatch.setattr(ops, "_tuner", tuner)
+    g = _gen(30)
+    for n, path, kept in ((3, "row", False), (4, "ell", True), (5, "row", True)):
+        fastest["path"] = path
+        x = torch.randn(n, K, generator=g)
+        check_close(st.linear(x, A), ref.linear(x, A), torch.float32)
+        assert (_ELL_KEY in A.__dict__) == kept, (n, path)
+    x = torch.randn(4, K, generator=g)  # the ell choice still runs
+    check_close(st.linear(x, A), ref.linear(x, A), torch.float32)
+
+
 def test_cached_choices_are_dropped_with_the_weight():
     A = make_format("csr")
     st.linear(torch.randn(3, K), A)

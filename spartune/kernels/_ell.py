@@ -89,6 +89,11 @@ def banded_ell(A: CSR) -> BandedELL:
     return out
 
 
+def drop_banded_ell(A: CSR) -> None:
+    """Forget A's banded ELL copy (built again on next use)."""
+    A.__dict__.pop(_ELL_KEY, None)
+
+
 @triton.jit
 def banded_rows(block, rows_ptr, M, bands, R: tl.constexpr, NB: tl.constexpr):
     """The R rows of row block `block` in the banded ELL layout: their indices, which are real,

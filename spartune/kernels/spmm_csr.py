@@ -61,7 +61,7 @@ import triton.language as tl
 from ..formats import CSR
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._bitmap import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, csr_bitmap, expand_chunk
-from ._ell import ELL_BANDS, ELL_WIDTH_STEP, banded_ell, banded_rows
+from ._ell import ELL_BANDS, ELL_WIDTH_STEP, banded_ell, banded_rows, drop_banded_ell
 from ._common import ELEMENT_BYTES, dot_precision, grouped_order, next_pow2, row_chunk, scratch, swizzled_rows
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
 
@@ -417,6 +417,13 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     return out
 
 
+def release_unused(A: CSR, configs) -> None:
+    """The tuner's measurements of the ell path build A's banded ELL copy, a second copy of the
+    weight: dropped unless one of the configs chosen for A (`configs`) runs on it."""
+    if not any(c.path == "ell" for c in configs):
+        drop_banded_ell(A)
+
+
 # ---------------------------------------------------------------------------------------------
 # the config space and what each config costs (for the cost model)
 # ---------------------------------------------------------------------------------------------
@@ -609,4 +616,4 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     )
 
 
-__all__ = ["Config", "PATHS", "csr_bitmap", "features", "launch", "space"]
+__all__ = ["Config", "PATHS", "csr_bitmap", "features", "launch", "release_unused", "space"]
