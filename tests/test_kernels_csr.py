@@ -197,32 +197,72 @@ def test_spmm_int32_indices():
     A = st.CSR.from_dense(w)
     assert A.col.dtype == torch.int32
     x = torch.randn(n, k, generator=g)
-    for c in (ROW, spmm_csr.Config("dense", 16, 16, 128, split_k=8)):
+    for c in (ROW, ELL, spmm_csr.Config("dense", 16, 16, 128, split_k=8)):
         _assert_spmm(_run_spmm(A, x, c), x, A, torch.float32)
+
+
+def _ragged_csr(m, k, seed, dtype=torch.float32):
+    """m rows of 0-59 nonzeros, one full row and one empty row: every band of the ell copy."""
+    g = _gen(seed)
+    lengths = torch.randint(0, 60, (m,), generator=g).clamp_(max=k)
+    lengths[7], lengths[150 % m] = k, 0
+    w = torch.zeros(m, k)
+    for r, ln in enumerate(lengths.tolist()):
+        w[r, torch.randperm(k, generator=g)[:ln]] = torch.randn(ln, generator=g)
+    return st.CSR.from_dense(w.to(dtype))
+
+
+def test_ell_copy_holds_the_matrix_in_eight_bands():
+    from spartune.kernels._ell import ELL_BANDS, banded_ell
+    A = _ragged_csr(300, 200, 21)
+    E = banded_ell(A)
+    starts, widths = (0,) + E.bands[:ELL_BANDS - 1], E.bands[ELL_BANDS - 1:]
+    assert len(set(starts)) == ELL_BANDS and all(w % 16 == 0 for w in widths) and widths[0] >= 200
+    assert list(widths) == sorted(widths, reverse=True)
+    # scattered back, the copy is the matrix: every row's entries at its band position, then padding
+    dense, at = torch.zeros(300, 201), 0
+    for b in range(ELL_BANDS):
+        end = starts[b + 1] if b + 1 < ELL_BANDS else 320
+        for p in range(starts[b], end):
+            seg = slice(at + (p - starts[b]) * widths[b], at + (p - starts[b] + 1) * widths[b])
+            if p < 300:
+                dense[int(E.rows[p]), E.cols[seg].long()] = E.values[seg]
+            else:
+                assert (E.cols[seg] == 200).all()
+        at += (end - starts[b]) * widths[b]
+    assert at == E.entries
+    assert torch.equal(dense[:, :200], A.to_dense()) and (dense[:, 200] == 0).all()
+    assert banded_ell(A) is E  # memoised
+    A.values.mul_(2)  # an in-place update of the values: the copy follows
+    assert banded_ell(A) is not E and torch.equal(banded_ell(A).values, 2 * E.values)
 
 
 @pytest.mark.parametrize("n", [1, 6])
 def test_spmm_ell_bands(n):
-    """Every band of the banded ELL copy in use (300 rows of very different lengths, one full),
-    rows past the last granule, both kernels (n = 1: row, n > 1: row_t on the copy of x)."""
-    from spartune.kernels._ell import ELL_BANDS, banded_ell
+    """Every band in use, both kernels (n = 1: row, n > 1: row_t on the copy of x), x with NaN
+    just past its last column (the padding's sentinel column must never be read) and spmm's
+    token-adjacent layout."""
     m, k = 300, 200
-    g = _gen(21)
-    lengths = torch.randint(0, 60, (m,), generator=g)
-    lengths[7], lengths[150] = k, 0
-    w = torch.zeros(m, k)
-    for r, ln in enumerate(lengths.tolist()):
-        w[r, torch.randperm(k, generator=g)[:ln]] = torch.randn(ln, generator=g)
-    A = st.CSR.from_dense(w)
-    E = banded_ell(A)
-    starts, widths = E.bands[:ELL_BANDS - 1], E.bands[ELL_BANDS - 1:]
-    assert all(wd % 16 == 0 for wd in widths) and list(starts) == sorted(starts) and widths[0] >= k
-    assert E.padded >= A.col.numel() and int((E.values != 0).sum()) == int((A.values != 0).sum())
-    assert banded_ell(A) is E  # memoised
-    x = torch.randn(n, k, generator=g)
+    A = _ragged_csr(m, k, 21)
+    g = _gen(22)
+    big = torch.randn(n, k + 1, generator=g)
+    big[:, k] = float("nan")
+    x = big[:, :k]
     bias = torch.randn(m, generator=g)
     for c in (spmm_csr.Config("ell", 4, 1 if n == 1 else 8, 64), spmm_csr.Config("ell", 1, 8, 32)):
         _assert_spmm(_run_spmm(A, x, c, bias=bias), x, A, torch.float32, bias=bias)
+        bigX = torch.randn(k + 1, n, generator=g)
+        bigX[k] = float("nan")
+        Y = torch.full((m, n), float("nan"))
+        spmm_csr.launch(A, bigX[:k].T, Y.T, c)  # spmm(A, X) = launch(A, X.T, Y.T)
+        assert not Y.isnan().any() and rel_err(Y, ref.spmm(A, bigX[:k])) <= 1e-5
+
+
+def test_spmm_ell_rejects_blocks_across_bands():
+    A = _ragged_csr(64, 50, 23)
+    x = torch.randn(1, 50)
+    with pytest.raises(ValueError, match="block_m must divide"):
+        _run_spmm(A, x, spmm_csr.Config("ell", 64, 1, 64))
 
 
 def test_spmm_split_workspace_is_left_clean():

@@ -612,7 +612,7 @@ def _time_problem(spec, options, dtype, tol, spec_dev, l2, gen, time_callable, r
         row["speedup"] = {k: dense / v for k, v in row["times"].items() if v}
     if ours:
         path = ((row.get("picked") or {}).get("config") or {}).get("path")
-        cuda_core = isinstance(path, str) and path.startswith("row")  # CSR's Sputnik paths: CUDA cores
+        cuda_core = path in ("row", "row_t", "ell")  # CSR's Sputnik paths: CUDA cores
         row["floor_unit"] = "cuda-core" if cuda_core else "tensor-core"
         row["frac_floor"] = (floor_cc if cuda_core else floor_tc) / ours
     del sets, ref

@@ -7,7 +7,7 @@ Rows are sorted longest first and cut into at most ELL_BANDS bands of whole gran
 ELL_WIDTH_STEP), padding entries hold column `cols` (a sentinel: past the last column) and
 value 0. A program's rows therefore sit at an address it computes from a handful of scalars
 (the band table, passed as kernel arguments): the index and value loads start at once.
-Padding costs ~2-3% more bytes on uniform random masks; the first band holds only the longest
+Padding costs ~2-4% more bytes on uniform random masks; the first band holds only the longest
 granule, so one very long row pads 32 rows, not all of them.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..formats import CSR
+from ..formats._base import unit_of_items
 
 ELL_BANDS = 8
 ELL_GRANULE = 32  # rows per band boundary: every block_m of the ell path divides it
@@ -30,61 +31,61 @@ _ELL_KEY = "_spartune_banded_ell"  # memoised on the CSR object; holds values, s
 
 @dataclass(frozen=True)
 class BandedELL:
-    cols: torch.Tensor  # A.col's dtype, (slots,): sentinel = number of columns
-    values: torch.Tensor  # A.values' dtype, (slots,)
-    rows: torch.Tensor  # int32 (rows,): the row held by each slot, longest first
-    bands: tuple  # (first slot of bands 1..ELL_BANDS-1, widths of bands 0..ELL_BANDS-1)
-    padded: int  # slots, padding included
+    cols: torch.Tensor  # A.col's dtype, (entries,): padding holds the sentinel column A.shape[1]
+    values: torch.Tensor  # A.values' dtype, (entries,): padding holds 0
+    rows: torch.Tensor  # int32 (rows,): the row at each position of the longest-first order
+    bands: tuple  # (first position of bands 1..ELL_BANDS-1, widths of bands 0..ELL_BANDS-1)
+    entries: int  # stored entries, padding included
+    version: int  # A.values._version it copied: an in-place update of the values rebuilds it
 
 
-def padded_slots(lengths_desc: list[int], rows: int) -> tuple[list[int], list[int], int]:
-    """Band starts (slots) and widths for row lengths sorted longest first, and the slots they
-    occupy: band 0 is the first granule, the other granules split evenly over the rest."""
+def band_layout(lengths_desc: list[int], rows: int) -> tuple[list[int], list[int], list[int]]:
+    """For row lengths sorted longest first: each band's first position, width and first entry,
+    and (last) the entries of all bands. Band 0 is the first granule; the other granules split
+    evenly over the rest."""
     g = ELL_GRANULE
     granules = -(-rows // g)
     cuts = sorted({0} | {1 + round(i * (granules - 1) / (ELL_BANDS - 1)) for i in range(ELL_BANDS - 1)})
-    cuts = [c for c in cuts if c < granules] if granules else [0]
-    starts = [c * g for c in cuts]
-    widths = [-(-lengths_desc[s] // ELL_WIDTH_STEP) * ELL_WIDTH_STEP if s < rows else 0 for s in starts]
-    ends = starts[1:] + [granules * g]
-    return starts, widths, sum((e - s) * w for s, e, w in zip(starts, ends, widths))
+    starts = [c * g for c in cuts if c < granules] or [0]
+    widths = [-(-lengths_desc[p] // ELL_WIDTH_STEP) * ELL_WIDTH_STEP if p < rows else 0 for p in starts]
+    bases = [0]
+    for p, end, w in zip(starts, starts[1:] + [granules * g], widths):  # the last band ends past the rows
+        bases.append(bases[-1] + (end - p) * w)
+    return starts, widths, bases
 
 
 def banded_ell(A: CSR) -> BandedELL:
     """Built with a few torch ops (one host sync for the band table) on first use and memoised
-    on the (immutable) format object."""
+    on the format object until its values change in place."""
     cached = A.__dict__.get(_ELL_KEY)
-    if cached is not None:
+    if cached is not None and cached.version == A.values._version:
         return cached
     rows, ncols = A.shape
     dev = A.crow.device
-    lengths = (A.crow[1:] - A.crow[:-1]).long()
+    lengths = A.row_lengths().long()
     order = torch.argsort(lengths, descending=True, stable=True)
-    starts, widths, slots = padded_slots(lengths[order].tolist(), rows)
-    if slots >= 2**31:
-        raise ValueError(f"banded ELL would hold {slots} slots, over int32 offsets")
-    g = ELL_GRANULE
-    pad_rows = -(-rows // g) * g
-    bases = [0]
-    for s, e, w in zip(starts, starts[1:] + [pad_rows], widths):
-        bases.append(bases[-1] + (e - s) * w)
+    starts, widths, bases = band_layout(lengths[order].tolist(), rows)
+    entries = bases[-1]
+    if entries >= 2**31:
+        raise ValueError(f"banded ELL would hold {entries} entries, over int32 offsets")
     nnz = A.col.numel()
-    slot_of_row = torch.empty(rows, dtype=torch.long, device=dev)
-    slot_of_row[order] = torch.arange(rows, device=dev)
-    row_of = torch.repeat_interleave(torch.arange(rows, device=dev), lengths, output_size=nnz)
-    slot = slot_of_row[row_of]
+    position = torch.empty(rows, dtype=torch.long, device=dev)
+    position[order] = torch.arange(rows, device=dev)
+    row_of = unit_of_items(A.crow)
+    pos = position[row_of]
     t_starts = torch.tensor(starts, device=dev)
-    band = torch.searchsorted(t_starts, slot, right=True) - 1
-    dest = (torch.tensor(bases[:-1], device=dev)[band] + (slot - t_starts[band]) * torch.tensor(widths, device=dev)[band]
-            + torch.arange(nnz, device=dev) - A.crow[:-1].long()[row_of])
-    cols = torch.full((max(slots, 1),), ncols, dtype=A.col.dtype, device=dev)
-    vals = torch.zeros(max(slots, 1), dtype=A.values.dtype, device=dev)
+    band = torch.searchsorted(t_starts, pos, right=True) - 1
+    first_entry = torch.tensor(bases[:-1], device=dev)[band]
+    width = torch.tensor(widths, device=dev)[band]
+    dest = first_entry + (pos - t_starts[band]) * width + torch.arange(nnz, device=dev) - A.crow[:-1].long()[row_of]
+    cols = torch.full((max(entries, 1),), ncols, dtype=A.col.dtype, device=dev)
+    vals = torch.zeros(max(entries, 1), dtype=A.values.dtype, device=dev)
     cols[dest] = A.col
     vals[dest] = A.values
-    # unused bands start past the last slot (never taken) and are empty
-    table = (tuple(starts[1:]) + (pad_rows,) * (ELL_BANDS - len(starts)),
-             tuple(widths) + (0,) * (ELL_BANDS - len(widths)))
-    out = BandedELL(cols, vals, order.to(torch.int32), table[0] + table[1], slots)
+    # unused bands start past the last position (never taken) and are empty
+    pad = -(-rows // ELL_GRANULE) * ELL_GRANULE
+    table = tuple(starts[1:]) + (pad,) * (ELL_BANDS - len(starts)) + tuple(widths) + (0,) * (ELL_BANDS - len(widths))
+    out = BandedELL(cols, vals, order.to(torch.int32), table, entries, A.values._version)
     object.__setattr__(A, _ELL_KEY, out)
     return out
 
@@ -117,9 +118,9 @@ def banded_rows(block, rows_ptr, M, bands, R: tl.constexpr, NB: tl.constexpr):
         width = tl.where(take, w_b, width)
         prev_start = s_b
         prev_width = w_b
-    slot = first + tl.arange(0, R)
-    valid = slot < M
-    rows = tl.load(rows_ptr + slot, mask=valid, other=0)
-    start = tl.multiple_of(base + (slot - band_start) * width, _WIDTH_STEP)
+    pos = first + tl.arange(0, R)  # positions in the longest-first order
+    valid = pos < M
+    rows = tl.load(rows_ptr + pos, mask=valid, other=0)
+    start = tl.multiple_of(base + (pos - band_start) * width, _WIDTH_STEP)
     length = tl.where(valid, width, 0)
     return rows, valid, start, length, width

@@ -25,7 +25,8 @@ Five paths, chosen by `Config.path` (the tuner decides, never this file):
   rows sorted longest first, padded to their band's width, so a program computes where its
   rows are from a band table passed as arguments instead of loading row pointers first. At
   decode the kernel is a few dependent round trips long, and that one was ~1.5 us of 7.3 at
-  N = 1 (benchmarks/LOG.md). Costs a second copy of the weight, ~2-4% padded.
+  N = 1 (benchmarks/LOG.md). Costs a second copy of the weight, ~2-4% padded, dropped when
+  no config chosen for the weight runs on it (`release_unused`).
 
 * ``"expand"`` — prefill: a first kernel expands A (bitmap + values, as the dense path does) into a
   dense (M, K rounded up to 128) workspace once per call, then a dense Triton GEMM with the fused
@@ -61,7 +62,7 @@ import triton.language as tl
 from ..formats import CSR
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._bitmap import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, csr_bitmap, expand_chunk
-from ._ell import ELL_BANDS, ELL_WIDTH_STEP, banded_ell, banded_rows, drop_banded_ell
+from ._ell import ELL_BANDS, ELL_GRANULE, ELL_WIDTH_STEP, banded_ell, banded_rows, drop_banded_ell
 from ._common import ELEMENT_BYTES, dot_precision, grouped_order, next_pow2, row_chunk, scratch, swizzled_rows
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
 
@@ -356,6 +357,9 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     if config.path in ("row", "row_t", "ell"):
         grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n))
         if config.path == "ell":  # the same kernels on the banded ELL copy: no row-pointer load
+            if ELL_GRANULE % config.block_m:
+                raise ValueError(f"ell path: block_m must divide {ELL_GRANULE} (a program's rows share a "
+                                 f"band), got {config.block_m}")
             E = banded_ell(A)
             col, val, order, layout = E.cols, E.values, E.rows, dict(bands=E.bands, NB=ELL_BANDS, SENTINEL=K)
         else:
@@ -550,7 +554,8 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         adjacent = _tokens_adjacent(problem) or config.path in ("row_t", "ell") or N == 1
         per_elem = s if adjacent else min(32.0, s / max(st.density, 1e-6))
         gather = nnz * strips * bn * per_elem
-        copy = 2 * x_bytes if config.path in ("row_t", "ell") and N > 1 else 0
+        copied = config.path in ("row_t", "ell") and N > 1 and not _tokens_adjacent(problem)
+        copy = 2 * x_bytes if copied else 0
         slots = nnz + M * ell_padding(st) if ell else nnz  # padding entries are streamed too
         stream = slots * (s + idx) + (4 if ell else 12) * M
         # a program runs as long as its longest row; rows are sorted, so about the mean. The
@@ -570,7 +575,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
             steps_max=int(steps_max), steps_mean=float(steps_mean),
             smem_bytes=r * bn * 4, num_warps=config.num_warps, num_stages=config.num_stages,
             regs_per_thread=min(255, max(48, 32 + r * bn * bnnz // (32 * config.num_warps))),
-            launches=2 if config.path in ("row_t", "ell") and N > 1 else 1,
+            launches=2 if copied else 1,
         )
     if config.path == "expand":
         bm, bt, bk = config.block_m, config.block_n, config.block_k
