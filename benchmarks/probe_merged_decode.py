@@ -35,26 +35,41 @@ B_L = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA, k_width=2))
 
 
 @gluon.jit
+def _ranges(G: gl.constexpr, BN: gl.constexpr):
+    """The 16 rows and G entries of the A fragment, the G entries and BN tokens of B's."""
+    return (gl.arange(0, 16, layout=gl.SliceLayout(1, A_L)), gl.arange(0, G, layout=gl.SliceLayout(0, A_L)),
+            gl.arange(0, G, layout=gl.SliceLayout(1, B_L)), gl.arange(0, BN, layout=gl.SliceLayout(0, B_L)))
+
+
+@gluon.jit
+def _onehot(r_ids, rr, v, G: gl.constexpr):
+    """(16, G): entry j's value in its local row, zero elsewhere."""
+    return gl.where(r_ids[:, None] == rr[None, :], v[None, :], gl.zeros([16, G], gl.float16, A_L))
+
+
+@gluon.jit
+def _add_partials(acc, out_ptr, blk, M, BN: gl.constexpr):
+    """A program's (16 rows, BN tokens) partial sums into the fp32 output (N, M)."""
+    rows = blk * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
+    toks = gl.arange(0, BN, layout=gl.SliceLayout(0, MMA))
+    gl.atomic_add(out_ptr + toks[None, :] * M + rows[:, None], acc, mask=(rows < M)[:, None], sem="relaxed")
+
+
+@gluon.jit
 def merged_kernel(mcol_ptr, mval_ptr, mrow_ptr, xt_ptr, out_ptr, M, BLEN, CHUNK,
                   G: gl.constexpr, BN: gl.constexpr):
     blk = gl.program_id(0)
-    part = gl.program_id(1)
-    base = blk * BLEN + part * CHUNK
-    r_ids = gl.arange(0, 16, layout=gl.SliceLayout(1, A_L))
-    ka = gl.arange(0, G, layout=gl.SliceLayout(0, A_L))
-    kb = gl.arange(0, G, layout=gl.SliceLayout(1, B_L))
-    tok = gl.arange(0, BN, layout=gl.SliceLayout(0, B_L))
+    base = blk * BLEN + gl.program_id(1) * CHUNK
+    r_ids, ka, kb, tok = _ranges(G, BN)
     acc = gl.zeros([16, BN], gl.float32, MMA)
     for s in range(0, CHUNK, G):
         v = gl.load(mval_ptr + base + s + ka)
         rr = gl.load(mrow_ptr + base + s + ka).to(gl.int32)
         c = gl.load(mcol_ptr + base + s + kb).to(gl.int32)
-        onehot = gl.where(r_ids[:, None] == rr[None, :], v[None, :], gl.zeros([16, G], gl.float16, A_L))
+        onehot = _onehot(r_ids, rr, v, G)
         xg = gl.load(xt_ptr + c[:, None] * BN + tok[None, :])
         acc = mma_v2(onehot, xg, acc)
-    rows = blk * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
-    toks = gl.arange(0, BN, layout=gl.SliceLayout(0, MMA))
-    gl.atomic_add(out_ptr + toks[None, :] * M + rows[:, None], acc, mask=(rows < M)[:, None], sem="relaxed")
+    _add_partials(acc, out_ptr, blk, M, BN)
 
 
 @gluon.jit
@@ -73,12 +88,8 @@ def merged_pipelined_kernel(mcol_ptr, mval_ptr, mrow_ptr, xt_ptr, out_ptr, M, BL
                             G: gl.constexpr, BN: gl.constexpr, PAD: gl.constexpr):
     """merged_kernel with the entries loaded two steps ahead and the x rows one step ahead."""
     blk = gl.program_id(0)
-    part = gl.program_id(1)
-    base = blk * BLEN + part * CHUNK
-    r_ids = gl.arange(0, 16, layout=gl.SliceLayout(1, A_L))
-    ka = gl.arange(0, G, layout=gl.SliceLayout(0, A_L))
-    kb = gl.arange(0, G, layout=gl.SliceLayout(1, B_L))
-    tok = gl.arange(0, BN, layout=gl.SliceLayout(0, B_L))
+    base = blk * BLEN + gl.program_id(1) * CHUNK
+    r_ids, ka, kb, tok = _ranges(G, BN)
     mc = mcol_ptr + base
     mv = mval_ptr + base
     mr = mrow_ptr + base
@@ -89,13 +100,11 @@ def merged_pipelined_kernel(mcol_ptr, mval_ptr, mrow_ptr, xt_ptr, out_ptr, M, BL
     for s in range(0, CHUNK, G):
         c2, v2, r2 = _entries(mc, mv, mr, s + 2 * G, CHUNK, ka, kb, PAD)
         x1 = gl.load(xt_ptr + c1[:, None] * BN + tok[None, :])
-        onehot = gl.where(r_ids[:, None] == r0[None, :], v0[None, :], gl.zeros([16, G], gl.float16, A_L))
+        onehot = _onehot(r_ids, r0, v0, G)
         acc = mma_v2(onehot, x0, acc)
         x0, v0, r0 = x1, v1, r1
         c1, v1, r1 = c2, v2, r2
-    rows = blk * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
-    toks = gl.arange(0, BN, layout=gl.SliceLayout(0, MMA))
-    gl.atomic_add(out_ptr + toks[None, :] * M + rows[:, None], acc, mask=(rows < M)[:, None], sem="relaxed")
+    _add_partials(acc, out_ptr, blk, M, BN)
 
 
 def merged_layout(w: torch.Tensor, parts: int, G: int):

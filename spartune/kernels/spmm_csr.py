@@ -85,6 +85,19 @@ class Config:
 # kernels
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _program_rows(block, order_ptr, crow_ptr, M, bands, R: tl.constexpr, NB: tl.constexpr):
+    """The row paths' rows of one program: indices, which are real, where each starts, its
+    length and the longest. NB > 0: from the banded ELL table (no load but the row indices);
+    NB == 0: from CSR's row order and pointers."""
+    if NB > 0:
+        rows, rvalid, start, length, longest = banded_rows(block, order_ptr, M, bands, R, NB)
+    else:
+        rows, rvalid, start, length = swizzled_rows(block, order_ptr, crow_ptr, M, R)
+        longest = tl.max(length, axis=0)
+    return rows, rvalid, start, length, longest
+
+
+@triton.jit
 def _spmm_row_kernel(
     crow_ptr, col_ptr, val_ptr, order_ptr, x_ptr, out_ptr, bias_ptr, res_ptr,
     M, N,
@@ -97,11 +110,7 @@ def _spmm_row_kernel(
     entries hold column SENTINEL; NB == 0: plain CSR (bands unused)."""
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if NB > 0:
-        rows, rvalid, start, length, longest = banded_rows(pid_r, order_ptr, M, bands, R, NB)
-    else:
-        rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
-        longest = tl.max(length, axis=0)
+    rows, rvalid, start, length, longest = _program_rows(pid_r, order_ptr, crow_ptr, M, bands, R, NB)
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + toks[None, :, None] * stride_xn  # (1, BN, 1)
@@ -142,11 +151,7 @@ def _spmm_rowt_kernel(
     entries point at the zero row)."""
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if NB > 0:
-        rows, rvalid, start, length, longest = banded_rows(pid_r, order_ptr, M, bands, R, NB)
-    else:
-        rows, rvalid, start, length = swizzled_rows(pid_r, order_ptr, crow_ptr, M, R)
-        longest = tl.max(length, axis=0)
+    rows, rvalid, start, length, longest = _program_rows(pid_r, order_ptr, crow_ptr, M, bands, R, NB)
     toks = pid_n * BN + tl.arange(0, BN)
     tvalid = toks < N
     x_tok = x_ptr + pid_n * stride_xs + tl.arange(0, BN)[None, None, :] * stride_xn  # (1, 1, BN)
@@ -556,15 +561,15 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         gather = nnz * strips * bn * per_elem
         copied = config.path in ("row_t", "ell") and N > 1 and not _tokens_adjacent(problem)
         copy = 2 * x_bytes if copied else 0
-        slots = nnz + M * ell_padding(st) if ell else nnz  # padding entries are streamed too
-        stream = slots * (s + idx) + (4 if ell else 12) * M
+        padding = ell_padding(st) if ell else 0.0  # per row; streamed like the nonzeros
+        stream = (nnz + M * padding) * (s + idx) + (4 if ell else 12) * M
         # a program runs as long as its longest row; rows are sorted, so about the mean. The
         # row paths load their row pointers before the first index: one dependent round trip
         # more, declared as a share of a step's index -> tile chain (problem.INDEX_CHAIN)
         prologue = 0.0 if ell else 1.0 / INDEX_CHAIN
         steps_max = math.ceil(-(-st.items_max // bnnz) + prologue)
         steps_mean = prologue + max(0.0, math.ceil(
-            (st.items_mean * (1 + 0.5 * st.items_cv / max(1, r) ** 0.5) + (ell_padding(st) if ell else 0)) / bnnz))
+            (st.items_mean * (1 + 0.5 * st.items_cv / max(1, r) ** 0.5) + padding) / bnnz))
         return KernelFeatures(
             programs=programs, tiles=programs, mma_flops=0.0,
             # in flop-equivalents (2 per instruction): ~3.5 SASS instructions per (nonzero, token)
