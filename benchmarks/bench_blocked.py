@@ -20,7 +20,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 import spartune as st
 from spartune.kernels import spmm_blocked
-from spartune.tune.model import H100, predict
+from spartune.tune.device import H100
+from spartune.tune.model import predict
 from spartune.tune.problem import Problem
 
 SHAPES = {  # name: (M, K)
@@ -46,7 +47,7 @@ def bench(fn, graph: bool) -> float:
 
 def device_rates() -> dict:
     """DESIGN.md's two ceilings, measured in this run by the cost model's calibration."""
-    from spartune.tune.model import calibrate
+    from spartune.tune.device import calibrate
 
     spec = calibrate(0)
     return {"matrix_flops": spec.mma_fp16, "dram_bw": spec.dram_bw}

@@ -68,7 +68,7 @@ def bench_cold(fn) -> float:
 def device_rates() -> dict:
     """The two ceilings of DESIGN.md's floor, plus the fp32 FMA rate for CUDA-core paths,
     measured in this run by the cost model's calibration (one set of microbenchmarks)."""
-    from spartune.tune.model import calibrate
+    from spartune.tune.device import calibrate
 
     spec = calibrate(0)
     return {"matrix_flops": spec.mma_fp16, "dram_bw": spec.dram_bw, "fma_flops": spec.fma, "sms": spec.sms,
@@ -81,8 +81,9 @@ def device_rates() -> dict:
 def make_ranker(rates):
     """The cost model, with this run's measured rates, ranks the configs to measure."""
     from spartune.tune import model
+    from spartune.tune.device import DeviceSpec
 
-    spec = dataclasses.replace(model.DeviceSpec.h100(), mma_fp16=rates["matrix_flops"], dram_bw=rates["dram_bw"],
+    spec = dataclasses.replace(DeviceSpec.h100(), mma_fp16=rates["matrix_flops"], dram_bw=rates["dram_bw"],
                                fma=rates["fma_flops"])
     return (lambda prob, feats: model.predict(feats, spec, prob.dtype)), "spartune.tune.model"
 

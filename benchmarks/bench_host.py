@@ -33,18 +33,12 @@ CASES = (  # (pattern, M, K, N, density)
 
 def raw_launcher(A, choice, x, out):
     """The chosen backend's own launch, bound to (x, out): what a hand-written call would do."""
-    try:
-        from spartune.kernels import registry
-
-        family = registry.linear_family(A)
-        if family is not None and choice.backend == family.name:
-            return lambda: family.launch(A, x, out, choice.config)
-    except ImportError:  # before the registry existed
-        fam = ops.LINEAR_FAMILIES[type(A)]
-        if fam is not None and choice.backend == fam[0]:
-            return lambda: fam[1].launch(A, x, out, choice.config)
     from spartune import backends
+    from spartune.kernels import registry
 
+    family = registry.by_name(choice.backend)
+    if family is not None:
+        return lambda: family.launch(A, x, out, choice.config)
     fn = backends.library_backends(A)[choice.backend]
     return lambda: fn(A, x, out)
 

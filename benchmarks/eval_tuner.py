@@ -2,14 +2,14 @@
 
     python benchmarks/eval_tuner.py [--quick] [--problems N] [--budget-s S] [--out DIR]
 
-1. Calibrates the device (model.calibrate), then (a) times the tuning of one new problem in
+1. Calibrates the device (tune.device.calibrate), then (a) times the tuning of one new problem in
    fast mode end to end through spartune.linear (compiles included, fresh Triton cache, fresh
    in-memory tuner) and (b) the host overhead of a DB hit: spartune.linear on a tuned weight vs
    the chosen kernel's launch called directly, and the first call on a new weight object whose
    problem is in a TuningDB.
 2. A suite of `linear` problems (fp16; block:64x64, block:32x32, shfl:64 with x in the spmm
    layout x = X.T, csr; six shapes, densities 0.5 .. 0.05, N from 1 to 4096) with uniform
-   random masks made on the GPU. For each: every candidate that ops._tune would build (our
+   random masks made on the GPU. For each: every candidate that dispatch would build (our
    family's whole space with its cost-model features, plus the dense library backend) is
    measured once (exhaustive) with spartune.tune.measure.time_callable and short timings, next
    to its predicted time from the calibrated DeviceSpec. Kernels are compiled ahead by a pool
@@ -136,15 +136,12 @@ class Built:
 
 
 def build_problem(spec: Spec, seed: int, device, device_name: str, tuner, dtype=None) -> Built:
-    """The weight, x and out of one problem and its candidates, as ops._tune builds them."""
-    import functools
-
+    """The weight, x and out of one problem and its candidates, as dispatch builds them (our
+    kernel families from the registry; of the library backends, cuBLAS dense)."""
     import torch
 
-    from spartune import backends, ops
-    from spartune.tune.model import dense_gemm_seconds
+    from spartune import dispatch
     from spartune.tune.problem import Epilogue, Problem
-    from spartune.tune.tuner import Candidate
 
     dtype = dtype or torch.float16
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -158,32 +155,16 @@ def build_problem(spec: Spec, seed: int, device, device_name: str, tuner, dtype=
     dname = str(dtype).removeprefix("torch.")
     layout = "spmm" if spec.spmm_layout else "linear"
     problem = Problem("linear", A.signature, spec.m, spec.k, spec.n, dname, A.stats(), Epilogue(), device_name, layout)
-    cands, feats, errors = [], [], {}
-    family = ops.LINEAR_FAMILIES[type(A)]
-    if family is not None:
-        name, mod = family
-        for cfg in mod.space(problem):
-            run = functools.partial(mod.launch, A, x, out, cfg)
-            try:
-                f = mod.features(problem, cfg)
-                cands.append(Candidate(name, cfg, f, run=run))
-                feats.append(dataclasses.asdict(f))
-            except Exception as e:  # recorded; the candidate still runs, unranked
-                errors[len(cands)] = f"features: {type(e).__name__}: {e}"
-                cands.append(Candidate(name, cfg, predicted=math.inf, run=run))
-                feats.append(None)
-    # the library backend the brief asks for: cuBLAS dense on the decompressed weight
-    dense = functools.partial(backends.dense_linear, A, x, out)
-    cands.append(Candidate("dense", None, predicted=dense_gemm_seconds(spec.m, spec.k, spec.n, dtype, tuner.device, layout=layout),
-                           run=dense, library=True))
-    feats.append(None)
-    preds = []
+    ours, library = dispatch.linear_runs(A, x, out)
+    cands = dispatch.candidates(problem, ours, {"dense": library["dense"]}, device=tuner.device)
+    feats = [dataclasses.asdict(c.features) if c.features is not None else None for c in cands]
+    preds, errors = [], {}
     for c in cands:
         try:
             preds.append(float(tuner.predicted(c, dname)))
         except Exception as e:
             preds.append(math.inf)
-            errors.setdefault(len(preds) - 1, f"predict: {type(e).__name__}: {e}")
+            errors[len(preds) - 1] = f"predict: {type(e).__name__}: {e}"
     return Built(spec, A, x, out, problem, cands, preds, feats, errors)
 
 
@@ -193,8 +174,10 @@ def _worker_init():
     import torch  # noqa: F401
     import triton  # noqa: F401
 
-    import spartune.kernels.spmm_blocked  # noqa: F401
-    import spartune.kernels.spmm_csr  # noqa: F401
+    from spartune.kernels import registry
+
+    for family in registry.FAMILIES:
+        family.module  # noqa: B018  (imports it)
 
 
 def _worker_compile(module: str, name: str, spec: str) -> float:
@@ -435,11 +418,11 @@ def confirm_vs_dense(b: Built, rows, info, args) -> None:
 # --- (a) tuning one new problem, (b) host overhead of a hit ---------------------------------------
 def _fresh_tuner(spec_device, db=None, mode="fast"):
     """A new Tuner installed as the process's (ops.set_mode forgets every choice first)."""
-    from spartune import ops
+    from spartune import dispatch
     from spartune.tune.measure import measure_candidate
     from spartune.tune.tuner import Tuner
 
-    ops.set_mode(mode)
+    dispatch.set_mode(mode)
     calls = []
 
     def measurer(c):
@@ -447,7 +430,7 @@ def _fresh_tuner(spec_device, db=None, mode="fast"):
         return measure_candidate(c)
 
     tuner = Tuner(db, spec_device, measurer=measurer, mode=mode)
-    ops._tuner = tuner
+    dispatch._tuner = tuner
     return tuner, calls
 
 
@@ -490,7 +473,7 @@ def host_overhead(spec: Spec, spec_device, device, tmp: Path, calls: int = 1000,
 
     import spartune as st
     from spartune import backends
-    from spartune.kernels import spmm_blocked, spmm_csr
+    from spartune.kernels import registry
     from spartune.tune.db import TuningDB
 
     gen = torch.Generator(device=device).manual_seed(777)
@@ -501,10 +484,9 @@ def host_overhead(spec: Spec, spec_device, device, tmp: Path, calls: int = 1000,
     st.linear(x, A)  # tune (fast) and store
     choice = next(iter(tuner._memo.values()))
     out = torch.empty(spec.n, spec.m, device=device, dtype=torch.float16)
-    raw = {"blocked": lambda: spmm_blocked.launch(A, x, out, choice.config),
-           "csr": lambda: spmm_csr.launch(A, x, out, choice.config),
-           "dense": lambda: backends.dense_linear(A, x, out),
-           "cusparse": lambda: backends.cusparse_linear(A, x, out)}[choice.backend]
+    family = registry.by_name(choice.backend)
+    raw = (lambda: family.launch(A, x, out, choice.config)) if family is not None else (
+        lambda: backends.library_backends(A)[choice.backend](A, x, out))
     op = lambda: st.linear(x, A)  # noqa: E731
 
     def host(fn):
@@ -589,7 +571,7 @@ def main(argv=None) -> int:
     import torch
 
     import spartune
-    from spartune.tune.model import DeviceSpec, calibrate, device_name
+    from spartune.tune.device import DeviceSpec, calibrate, device_name
     from spartune.tune.tuner import Tuner, evaluate
 
     dry = args.dry_run

@@ -46,7 +46,8 @@ if str(ROOT) not in sys.path:
 
 from spartune.formats import FormatStats  # noqa: E402
 from spartune.tune import model  # noqa: E402
-from spartune.tune.model import DeviceSpec, dense_gemm_seconds, predict  # noqa: E402
+from spartune.tune.device import DeviceSpec
+from spartune.tune.model import dense_gemm_seconds, predict  # noqa: E402
 from spartune.tune.problem import Epilogue, KernelFeatures, Problem  # noqa: E402
 from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_count  # noqa: E402
 

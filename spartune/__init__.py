@@ -1,5 +1,5 @@
 """spartune: fast pruned neural networks on NVIDIA GPUs."""
-__version__ = "0.1.0"
+from .versions import __version__  # noqa: F401
 
 from . import reference  # noqa: E402
 from .formats import CSR, NM, VNM, BlockSparse, FormatStats, ShuffledBlock, SparseFormat  # noqa: E402

@@ -312,7 +312,7 @@ def _info(args) -> int:
     info = {"device": device_info(), "versions": versions(), "tuner_mode": os.environ.get("SPARTUNE_MODE", "fast"),
             "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
     if info["device"]["cuda"]:
-        from .tune.model import device_name
+        from .tune.device import device_name
 
         info["device"]["key"] = device_name()
     if args.json:

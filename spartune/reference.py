@@ -6,6 +6,15 @@ import torch
 from .epilogue import apply_epilogue
 from .formats import SparseFormat
 
+# ||out - ref|| / ||ref|| a result may show against these references: fp16/bf16 storage with fp32
+# accumulation, and fp32 inputs on the tensor cores as tf32 (DESIGN.md, "Testing").
+TOLERANCE = {"float32": 5e-3, "float16": 1e-2, "bfloat16": 1e-2}
+
+
+def tolerance(dtype) -> float:
+    """The tolerance of a dtype given as torch.float16, 'torch.float16' or 'float16'."""
+    return TOLERANCE[str(dtype).removeprefix("torch.")]
+
 
 def spmm(A: SparseFormat, X: torch.Tensor) -> torch.Tensor:
     """A @ X, float64."""

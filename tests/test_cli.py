@@ -116,7 +116,7 @@ def _fill_db():
                     {"backend": "dense", "config": None, "seconds": None, "error": "boom", "predicted": 3e-5}],
               {"backend": "blocked", "config": {"type": "Config", "fields": {"bn": 128}}, "seconds": 1e-5,
                "predicted": 2e-5, "mode": "fast"})
-    from spartune.tune.model import H100
+    from spartune.tune.device import H100
 
     db.set_calibration("GPU sm_90", H100)
     db.close()

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import spartune as st
-from spartune import backends, ops
+from spartune import backends, dispatch, ops
 from spartune import reference as ref
 from spartune.kernels import sddmm as sddmm_kernels
 from spartune.kernels import sparse_softmax as softmax_kernels
 from spartune.kernels import spmm_blocked, spmm_csr
-from spartune.tune.model import H100
+from spartune.tune.device import H100
 from spartune.tune.tuner import Tuner
 from helpers import block_weight, random_weight, rel_err
 
@@ -56,10 +56,10 @@ def make_format(kind, dtype=torch.float32, m=M, k=K, seed=0):
 @pytest.fixture(autouse=True)
 def fresh_dispatch(monkeypatch):
     """Every test starts with no tuner and no cached choices, and leaves none behind."""
-    monkeypatch.setattr(ops, "_tuner", None)
-    ops._choices.clear()
+    monkeypatch.setattr(dispatch, "_tuner", None)
+    dispatch._states.clear()
     yield
-    ops._choices.clear()
+    dispatch._states.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,7 @@ def force(monkeypatch, backend):
     """Install a tuner that measures everything with a fake clock on which `backend` is fastest;
     among its configs the model's order decides. Returns the tuner."""
     tuner = Tuner(None, H100, measurer=lambda c: 1e-6 if c.backend == backend else 1e-3, mode="exhaustive")
-    monkeypatch.setattr(ops, "_tuner", tuner)
+    monkeypatch.setattr(dispatch, "_tuner", tuner)
     return tuner
 
 
@@ -262,7 +262,7 @@ def test_sparse_softmax(monkeypatch, kind, which, dtype):
 # --- the choice is cached beside the weight ----------------------------------------------------
 def _count_tuning(monkeypatch):
     calls = []
-    real_tune, tuner = ops._tune, ops.get_tuner()
+    real_tune, tuner = dispatch.choose, ops.get_tuner()
     real_pick = tuner.pick
 
     def tune(*a, **k):
@@ -273,7 +273,7 @@ def _count_tuning(monkeypatch):
         calls.append("pick")
         return real_pick(*a, **k)
 
-    monkeypatch.setattr(ops, "_tune", tune)
+    monkeypatch.setattr(dispatch, "choose", tune)
     monkeypatch.setattr(tuner, "pick", pick)
     return calls
 
@@ -343,7 +343,7 @@ def test_the_ell_copy_is_kept_only_while_a_choice_runs_on_it(monkeypatch):
     fastest = {"path": "row"}
     tuner = Tuner(None, H100, mode="exhaustive", measurer=lambda c: 1e-6 if c.backend == "csr"
                   and c.config.path == fastest["path"] else 1e-3)
-    monkeypatch.setattr(ops, "_tuner", tuner)
+    monkeypatch.setattr(dispatch, "_tuner", tuner)
     g = _gen(30)
     for n, path, kept in ((3, "row", False), (4, "ell", True), (5, "row", True)):
         fastest["path"] = path
@@ -357,18 +357,18 @@ def test_the_ell_copy_is_kept_only_while_a_choice_runs_on_it(monkeypatch):
 def test_cached_choices_are_dropped_with_the_weight():
     A = make_format("csr")
     st.linear(torch.randn(3, K), A)
-    assert len(ops._choices) == 1
+    assert len(dispatch._states) == 1
     del A
     gc.collect()
-    assert len(ops._choices) == 0
+    assert len(dispatch._states) == 0
 
 
 def test_set_mode_forgets_choices_and_rejects_unknown_modes(monkeypatch):
-    monkeypatch.setattr(ops, "_mode", ops._mode)
+    monkeypatch.setattr(dispatch, "_mode", dispatch._mode)
     A = make_format("block")
     st.linear(torch.randn(3, K), A)
     ops.set_mode("model")
-    assert len(ops._choices) == 0 and ops._tuner is None
+    assert len(dispatch._states) == 0 and dispatch._tuner is None
     with pytest.raises(ValueError, match="mode must be one of"):
         ops.set_mode("fastest")
 
@@ -385,8 +385,9 @@ def no_kernels(monkeypatch):
         monkeypatch.setattr(mod, "launch", boom)
     for name in ("dense_linear", "cusparse_linear", "cusparselt_linear"):
         monkeypatch.setattr(backends, name, boom)
-    for name in ("_dense_sddmm", "_dense_softmax", "_tune"):
-        monkeypatch.setattr(ops, name, boom)
+    for name in ("dense_sddmm", "dense_softmax"):
+        monkeypatch.setattr(backends, name, boom, raising=False)
+    monkeypatch.setattr(dispatch, "choose", boom)
 
 
 A32 = make_format("csr")
@@ -468,7 +469,7 @@ def test_float64_weight_is_rejected_before_any_kernel(monkeypatch):
     for mod in (spmm_blocked, spmm_csr, softmax_kernels):
         monkeypatch.setattr(mod, "launch", boom)
     monkeypatch.setattr(backends, "dense_linear", boom)
-    monkeypatch.setattr(ops, "_dense_softmax", boom)
+    monkeypatch.setattr(backends, "dense_softmax", boom, raising=False)
     A64 = make_format("csr", torch.float64)
     with pytest.raises((TypeError, ValueError), match="float64"):
         st.linear(torch.randn(3, K, dtype=torch.float64), A64)
@@ -490,3 +491,62 @@ def test_bias_of_another_dtype_is_consistent(monkeypatch, kind):
         return
     assert chosen_backends(tuner) == {"dense"}
     check_close(y, ref.linear(x, A, bias), torch.float16)
+
+
+# --- a tuning-DB hit rebuilds the stored config -------------------------------------------------
+@pytest.mark.parametrize("kind", ["csr", "block"])
+def test_a_db_hit_rebuilds_the_stored_config_without_ranking_the_space(monkeypatch, tmp_path, kind):
+    """A new process (fresh tuner, no per-weight state) on a tuned problem: the stored config
+    runs without any config space being ranked (no features()) or measured."""
+    from spartune.kernels import registry
+    from spartune.tune.db import TuningDB
+
+    family = registry.by_name(OURS[kind])
+    path, versions = tmp_path / "t.sqlite3", {"torch": "t"}
+    measured = []
+    fake_clock = lambda c: measured.append(c) or (1e-6 if c.backend == family.name else 1e-3)  # noqa: E731
+    monkeypatch.setattr(dispatch, "_tuner", Tuner(TuningDB(path, versions=versions), H100, measurer=fake_clock))
+    A, g = make_format(kind), _gen(40)
+    x = torch.randn(6, K, generator=g)
+    st.linear(x, A)
+    first = dispatch.get_tuner().cached(next(iter(dispatch.get_tuner()._memo)))
+    assert first.backend == family.name and measured
+
+    dispatch._states.clear()  # a new process
+    monkeypatch.setattr(dispatch, "_tuner", Tuner(TuningDB(path, versions=versions), H100, measurer=fake_clock))
+    measured.clear()
+
+    def no_features(*a, **k):
+        raise AssertionError("a DB hit ranked the config space")
+
+    monkeypatch.setattr(family.module, "features", no_features)
+    A2 = A.with_values(torch.randn(A.values.shape, generator=g) * (A.values != 0))  # a new weight, same problem
+    check_close(st.linear(x, A2), ref.linear(x, A2), torch.float32)
+    again = dispatch.get_tuner().cached(next(iter(dispatch.get_tuner()._memo)))
+    assert (again.backend, again.config) == (first.backend, first.config) and not measured
+
+
+def test_a_db_entry_that_todays_space_lacks_is_tuned_again(monkeypatch, tmp_path):
+    import dataclasses as dc
+    import json
+
+    from spartune.tune.db import TuningDB
+
+    path, versions = tmp_path / "t.sqlite3", {"torch": "t"}
+    clock = lambda c: 1e-6 if c.backend == "csr" else 1e-3  # noqa: E731
+    db = TuningDB(path, versions=versions)
+    monkeypatch.setattr(dispatch, "_tuner", Tuner(db, H100, measurer=clock))
+    A, g = make_format("csr"), _gen(42)
+    x = torch.randn(6, K, generator=g)
+    st.linear(x, A)
+    (key,) = db._conn.execute("SELECT problem FROM best").fetchone()
+    stored = json.loads(db._conn.execute("SELECT config FROM best").fetchone()[0])
+    stored["fields"]["block_m"] = 3  # no config of the space has it
+    with db._conn:
+        db._conn.execute("UPDATE best SET config = ? WHERE problem = ?", (json.dumps(stored), key))
+    dispatch._states.clear()
+    tuner = Tuner(TuningDB(path, versions=versions), H100, measurer=clock)
+    monkeypatch.setattr(dispatch, "_tuner", tuner)
+    check_close(st.linear(x, A), ref.linear(x, A), torch.float32)
+    choice = next(iter(tuner._memo.values()))
+    assert choice.backend == "csr" and dc.asdict(choice.config)["block_m"] != 3

@@ -2,7 +2,7 @@
 (schema: report.py).
 
 With CUDA (`run_timing`): the matrix rate and DRAM bandwidth are measured first, in the same
-run (tune.model.calibrate); then per problem a weight of the pattern (uniform random mask, or a
+run (tune.device.calibrate); then per problem a weight of the pattern (uniform random mask, or a
 real weight pruned by sparsify_weight), random normal inputs, and every implementation timed
 side by side with tune.measure.time_callable (median of do_bench; CUDA-graph replay, with the
 L2 evicted before each call, under 150 us; several input sets rotated when they would fit in L2): ours (spartune.linear through
@@ -281,10 +281,10 @@ def choice_dict(choice) -> dict | None:
 def measure_rates(dtype: str):
     """(DeviceSpec for the floor, rates dict): everything calibrate() measures now, on this
     GPU; a direct GEMM + copy measurement if the calibration kernels fail."""
-    from ..tune.model import DeviceSpec, calibrate, device_name
+    from ..tune.device import DeviceSpec, calibrate, device_name
 
     try:
-        spec, source = calibrate(), "spartune.tune.model.calibrate"
+        spec, source = calibrate(), "spartune.tune.device.calibrate"
     except Exception as e:  # noqa: BLE001
         import torch
 
@@ -311,7 +311,7 @@ def measure_rates(dtype: str):
 
 def floor_of(A, n: int, dtype: str, spec) -> tuple[float, float]:
     """(tensor-core floor, CUDA-core floor) in seconds (DESIGN.md: max(flops / rate, bytes / bw))."""
-    from ..tune.model import floor_seconds
+    from .floors import floor_seconds
     from ..tune.problem import Problem
 
     prob = Problem("linear", A.signature, A.shape[0], A.shape[1], n, dtype, A.stats())
@@ -477,7 +477,7 @@ def run_timing(specs: list[Spec], options: Options, checkpoint=None, *, device: 
     r = doc["rates"]
     print(f"  matrix {r['matrix_flops'] / 1e12:.0f} TFLOP/s ({options.dtype}), DRAM {r['dram_bw'] / 1e12:.2f} TB/s, "
           f"FMA {r['fma_flops'] / 1e12:.1f} TFLOP/s", flush=True)
-    if device == "cuda" and r["source"].startswith("spartune.tune.model.calibrate"):
+    if device == "cuda" and r["source"].startswith("spartune.tune.device.calibrate"):
         _seed_calibration(spec_dev)
     if options.mode:
         ops.set_mode(options.mode)
@@ -560,7 +560,7 @@ def _time_problem(spec, options, dtype, tol, spec_dev, l2, gen, time_callable, r
         row.update(achieved_density=s.density, nnz=s.nnz, items_cv=s.items_cv)
         floor_tc, floor_cc = floor_of(A, spec.N, options.dtype, spec_dev)
         row.update(floor_s=floor_tc, floor_cuda_core_s=floor_cc)
-        from ..tune.model import compulsory_bytes
+        from .floors import compulsory_bytes
         from ..tune.problem import Problem
 
         sparse_bytes = compulsory_bytes(Problem("linear", A.signature, spec.M, spec.K, spec.N, options.dtype, s))
@@ -716,7 +716,8 @@ def _kernel_runs(A, n: int, dtype: str):
     kernel family; key is 'kernel:<family>' or 'kernel:<family>/<path>'."""
     from ..formats import CSR, BlockSparse, ShuffledBlock
     from ..kernels import spmm_blocked, spmm_csr
-    from ..tune.model import DeviceSpec, predict
+    from ..tune.device import DeviceSpec
+    from ..tune.model import predict
     from ..tune.problem import Problem
 
     family = {BlockSparse: ("blocked", spmm_blocked), ShuffledBlock: ("blocked", spmm_blocked),

@@ -19,7 +19,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .model import DeviceSpec
+from .device import DeviceSpec
 from .problem import Problem
 
 SCHEMA_VERSION = 1
@@ -55,21 +55,13 @@ def default_path() -> Path:
 
 @functools.cache
 def software_versions() -> dict:
-    """What a tuned entry depends on besides the device (read once per process)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-
-    import spartune
-
-    try:
-        triton = version("triton")
-    except PackageNotFoundError:
-        triton = "none"
+    """What a tuned entry depends on besides the device: the software that builds and runs the
+    kernels, and how they were timed."""
+    from ..versions import software_versions as versions
     from .measure import MEASURER
 
-    return {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "triton": triton,
-            "spartune": spartune.__version__, "measure": MEASURER}
+    v = versions()
+    return {**{k: v[k] for k in ("torch", "cuda", "triton", "spartune")}, "measure": MEASURER}
 
 
 def canonical(obj) -> str:

@@ -1,6 +1,7 @@
 """pick(problem, candidates) -> Choice: the tuned (backend, config) for one problem.
 
-In-memory hit → at once; DB hit → resolved against the candidates, cached; miss → rank every
+In-memory hit → at once; DB hit → the stored config rebuilt by the caller (or found among the
+candidates), cached; miss → rank every
 candidate by the cost model, measure a few (mode "fast": the model's top k, k growing with the
 size of the space (`fast_count`), plus every library backend; "exhaustive": all; "model": none), check the winner's output once (a failing or
 crashing candidate is recorded and never picked; the next one is tried), store everything,
@@ -18,7 +19,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .db import TuningDB, canonical
-from .model import DeviceSpec, calibrate, device_name, predict
+from .device import DeviceSpec, calibrate, device_name
+from .model import predict
 from .problem import KernelFeatures, Problem
 
 MODES = ("model", "fast", "exhaustive")
@@ -105,15 +107,36 @@ class Tuner:
         return self._memo.get(key)
 
     def pick(self, problem: Problem, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]],
-             key: tuple | None = None) -> Choice:
+             key: tuple | None = None, rebuild: Callable[[str, dict | None], Any] | None = None,
+             stale: Any = None) -> Choice:
         """The choice for `problem`. `candidates` may be a callable, built only on a miss;
-        `key` is problem.key() when the caller has it precomputed."""
+        `key` is problem.key() when the caller has it precomputed. `rebuild(backend, stored
+        config)` turns a DB hit into the config to run, or returns `stale` when today's space no
+        longer holds it: a hit then costs no candidate (no config space, no features)."""
         if key is None:
             key = problem.key()
         choice = self._memo.get(key)
         if choice is None:
-            choice = self._memo[key] = self._tune(problem, list(candidates() if callable(candidates) else candidates))
+            stored = self._stored(problem)
+            if stored is not None and rebuild is not None:
+                config = rebuild(stored["backend"], stored["config"])
+                if config is not stale:
+                    choice = Choice(stored["backend"], config, stored["predicted"], stored["seconds"])
+            if choice is None:
+                choice = self._tune(problem, list(candidates() if callable(candidates) else candidates), stored)
+            self._memo[key] = choice
         return choice
+
+    def _stored(self, problem: Problem) -> dict | None:
+        """The DB's best entry for the problem when it was tuned in this mode or a stronger one."""
+        if self.db is None:
+            return None
+        if not problem.device:
+            raise ValueError("problem.device is empty: set it (tune.device.device_name()) so that DB entries never cross devices")
+        stored = self.db.get_best(self.db.key(problem))
+        if stored is not None and _STRENGTH.get(stored["mode"], -1) >= _STRENGTH[self.mode]:
+            return stored
+        return None
 
     def predicted(self, candidate: Candidate, dtype) -> float:
         if candidate.predicted is not None:
@@ -121,21 +144,17 @@ class Tuner:
         return predict(candidate.features, self.device, dtype)
 
     # --- a miss ----------------------------------------------------------------------------------
-    def _tune(self, problem: Problem, cands: list[Candidate]) -> Choice:
+    def _tune(self, problem: Problem, cands: list[Candidate], stored: dict | None = None) -> Choice:
         if not cands:
             raise ValueError(f"no candidates for {problem.op} {problem.fmt} ({problem.m}x{problem.k}, n={problem.n})")
-        if self.db is not None and not problem.device:
-            raise ValueError("problem.device is empty: set it (model.device_name()) so that DB entries never cross devices")
         configs = [config_json(c.config) for c in cands]
         db_key = self.db.key(problem) if self.db is not None else None
-        if db_key is not None:
-            stored = self.db.get_best(db_key)
-            if stored is not None and _STRENGTH.get(stored["mode"], -1) >= _STRENGTH[self.mode]:
-                wanted = canonical(stored["config"])
-                for c, cfg in zip(cands, configs):
-                    if c.backend == stored["backend"] and canonical(cfg) == wanted:
-                        return Choice(c.backend, c.config, stored["predicted"], stored["seconds"])
-                # the stored config is no longer in the space: tune again
+        if stored is not None:  # a DB hit the caller could not rebuild: find it among the candidates
+            wanted = canonical(stored["config"])
+            for c, cfg in zip(cands, configs):
+                if c.backend == stored["backend"] and canonical(cfg) == wanted:
+                    return Choice(c.backend, c.config, stored["predicted"], stored["seconds"])
+            # the stored config is no longer in the space: tune again
 
         preds = [self.predicted(c, problem.dtype) for c in cands]
         order = sorted(range(len(cands)), key=lambda i: preds[i])

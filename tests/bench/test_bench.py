@@ -10,7 +10,7 @@ import torch
 
 import spartune as st
 from spartune.bench import report, runner, suites
-from spartune.tune.model import DeviceSpec
+from spartune.tune.device import DeviceSpec
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths; the GPU runs the real benchmark")
 

@@ -9,7 +9,7 @@ import pytest
 from spartune.formats import FormatStats
 from spartune.tune import db as dbmod
 from spartune.tune.db import SCHEMA_VERSION, TuningDB
-from spartune.tune.model import H100
+from spartune.tune.device import H100
 from spartune.tune.problem import Problem
 
 VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0", "measure": "cold-replay"}

@@ -8,16 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 from spartune.formats import FormatStats
-from spartune.tune.model import (
-    H100,
-    DeviceSpec,
-    compulsory_bytes,
-    dense_gemm_seconds,
-    floor_seconds,
-    gemm_features,
-    predict,
-    programs_per_sm,
-)
+from spartune.bench.floors import compulsory_bytes, floor_seconds
+from spartune.tune.device import H100, DeviceSpec
+from spartune.tune.model import dense_gemm_seconds, gemm_features, predict, programs_per_sm
 from spartune.tune.problem import KernelFeatures, Problem
 
 
@@ -324,18 +317,16 @@ def test_persistent_and_tma_are_not_free():
 def test_ranking_on_the_recorded_h100_run():
     """Offline: the current model on the exhaustive H100 run (benchmarks/fit_model.py does the
     same with more detail). Not a GPU measurement; guards against ranking regressions."""
-    import sys
+    import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     data = root / "benchmarks" / "data" / "h100-2026-11-22-run6"
     if not (data / "eval_tuner_records.json").exists():
         pytest.skip("recorded run not present")
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        import fit_model
-    finally:
-        sys.path.pop(0)
+    spec_ = importlib.util.spec_from_file_location("fit_model", root / "benchmarks" / "fit_model.py")
+    fit_model = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(fit_model)
     from spartune.tune.tuner import evaluate
 
     summary, records, spec, problems = fit_model.load(data)

@@ -7,7 +7,8 @@ import pytest
 
 from spartune.formats import FormatStats
 from spartune.tune.db import TuningDB
-from spartune.tune.model import H100, dense_gemm_seconds
+from spartune.tune.device import H100
+from spartune.tune.model import dense_gemm_seconds
 from spartune.tune.problem import KernelFeatures, Problem
 from spartune.tune.tuner import Candidate, Choice, Tuner, config_json, evaluate, fast_count
 
@@ -312,7 +313,7 @@ def test_rotating_cycles_through_input_sets():
 def test_calibrate_needs_cuda():
     import torch
 
-    from spartune.tune.model import calibrate
+    from spartune.tune.device import calibrate
 
     if torch.cuda.is_available():
         pytest.skip("calibration runs on the GPU machine")

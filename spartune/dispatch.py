@@ -1,0 +1,244 @@
+"""The one dispatch point between the public ops and the kernels.
+
+Per weight, one cache (`WeightState`, kept beside the weight and dropped with it) holds what
+dispatch needs: the checked metadata, a launcher per call shape and the choice behind it. A hit
+is a dict lookup; a miss builds the candidates (every config of every kernel family the registry
+lists for the op and format, and the library backends), asks the tuner, and caches the launcher.
+A tuning-DB hit rebuilds the stored Config directly: no config space is ranked.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from . import backends, reference
+from .formats import SparseFormat
+from .kernels import registry
+from .tune.device import INTERPRETER_DEVICE
+from .tune.problem import Epilogue, Problem
+
+_tuner = None
+_mode = os.environ.get("SPARTUNE_MODE", "fast")
+
+
+class WeightState:
+    """Everything dispatch keeps for one weight: (dtype, device, M, K), the launcher of every
+    call key tuned so far, and the (backend, config) chosen for it."""
+
+    __slots__ = ("meta", "launchers", "chosen", "__weakref__")
+
+    def __init__(self, A: SparseFormat):
+        self.meta = (A.dtype, A.device, *A.shape)
+        self.launchers: dict = {}
+        self.chosen: dict = {}
+
+
+_states: "weakref.WeakKeyDictionary[SparseFormat, WeightState]" = weakref.WeakKeyDictionary()
+
+
+def state(A: SparseFormat, check) -> WeightState:
+    """A's dispatch state; `check(A)` (which raises on what is not a usable format) runs once,
+    when A is first seen."""
+    try:
+        st = _states.get(A)
+    except TypeError:  # not weak-referenceable: certainly not a format
+        st = None
+    if st is None:
+        check(A)
+        st = _states[A] = WeightState(A)
+    return st
+
+
+# --- the tuner of this process -----------------------------------------------------------------
+def get_tuner():
+    """With CUDA: a SQLite DB and the device's calibration; without, model-only ranking of our
+    kernels (they run under the Triton interpreter)."""
+    global _tuner
+    if _tuner is None:
+        from .tune.device import DeviceSpec
+        from .tune.tuner import Tuner, load_or_calibrate
+
+        if torch.cuda.is_available():
+            from .tune.db import TuningDB
+
+            db = TuningDB()
+            _tuner = Tuner(db, load_or_calibrate(db), mode=_mode)
+        else:
+            _tuner = Tuner(None, DeviceSpec.h100(), mode="model")
+    return _tuner
+
+
+def set_mode(mode: str) -> None:
+    """'fast' (default: measure the model's top k and the libraries), 'model' (no
+    measurement), 'exhaustive' (measure everything). Forgets the choices of this process."""
+    global _mode, _tuner
+    from .tune.tuner import MODES
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    _mode, _tuner = mode, None
+    _states.clear()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        from .tune.device import device_name as cuda_name
+
+        return cuda_name(device.index or 0)
+    return INTERPRETER_DEVICE
+
+
+def find_choice(A, n: int, dtype: str, layout: str = "linear"):
+    """The tuner's Choice for linear(x with n rows, A) without an epilogue, made in this
+    process, or None (reports show what was picked)."""
+    key = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device),
+                  layout).key()
+    return get_tuner().cached(key)
+
+
+# --- linear and spmm ---------------------------------------------------------------------------
+def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0) -> tuple[dict, dict]:
+    """(ours, library): every way to compute `out` = linear(x, A, ...), as {family: run(config)}
+    for our kernel families and {name: run()} for the library backends."""
+    epi = dict(bias=bias, activation=activation, residual=residual, scale=scale)
+    ours = {f: (lambda cfg, f=f: f.launch(A, x, out, cfg, **epi))
+            for f in registry.families("linear", A) if f.available(A.device)}
+    libs = backends.library_backends(A) if A.device.type == "cuda" else {"dense": backends.dense_linear}
+    library = {name: (lambda fn=fn: fn(A, x, out, **epi)) for name, fn in libs.items()}
+    return ours, library
+
+
+def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale):
+    """A call key seen for the first time: tune it, cache its launcher. A family may memoise
+    layouts on the weight while the tuner measures (spmm_csr's banded ELL copy); its
+    `release_unused` drops those that no config chosen for this weight reads."""
+    ours, library = linear_runs(A, x, out, bias, activation, residual, scale)
+    epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0)
+    choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
+                    expected=lambda: reference.linear(x, A, bias, activation, residual, scale),
+                    result=lambda y: y, layout=_layout(x))
+    st.chosen[key] = choice
+    for family in registry.families("linear", A):
+        family.release_unused(A, [c.config for c in st.chosen.values() if c.backend == family.name])
+    family = registry.by_name(choice.backend)
+    if family is not None:
+        launch, cfg = family.launch, choice.config
+        launcher = lambda A, x, out, bias, act, res, scale: launch(  # noqa: E731
+            A, x, out, cfg, bias=bias, activation=act, residual=res, scale=scale)
+    else:
+        fn = backends.library_backends(A)[choice.backend] if A.device.type == "cuda" else backends.dense_linear
+        launcher = lambda A, x, out, bias, act, res, scale: fn(  # noqa: E731
+            A, x, out, bias=bias, activation=act, residual=res, scale=scale)
+    st.launchers[key] = launcher
+    return launcher
+
+
+def _layout(x) -> str:
+    """'linear' when x's K is contiguous (tokens x features), 'spmm' when its tokens are
+    (x = X.T of a (K, N) matrix): kernels gather differently, so choices differ."""
+    return "linear" if x.stride(-1) == 1 else "spmm"
+
+
+# --- sddmm and sparse_softmax --------------------------------------------------------------------
+def sddmm(st: WeightState, a, b, pattern, scale: float):
+    key = ("sddmm", a.shape[1], a.dtype, scale != 1.0)
+    return _values_op(st, "sddmm", pattern, key, a.shape[1], a.dtype,
+                      run=lambda f, cfg: f.launch(a, b, pattern, cfg, scale=scale),
+                      dense=lambda: backends.dense_sddmm(a, b, pattern, scale),
+                      expected=lambda: reference.sddmm(a, b, pattern, scale)[pattern.mask()])
+
+
+def sparse_softmax(st: WeightState, A, scale: float):
+    key = ("softmax", scale != 1.0)
+    return _values_op(st, "softmax", A, key, 1, A.dtype,
+                      run=lambda f, cfg: f.launch(A, cfg, scale=scale),
+                      dense=lambda: backends.dense_softmax(A, scale),
+                      expected=lambda: reference.sparse_softmax(A, scale)[A.mask()])
+
+
+def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
+    """An op whose result is new values for `pattern`: its cached choice, or the tuner's. Its
+    Problem is (m, k) = the pattern's shape and n = the shared dimension D (sddmm) or 1."""
+    choice = st.chosen.get(key)
+    if choice is None:
+        ours = {f: (lambda cfg, f=f: run(f, cfg)) for f in registry.families(op, pattern) if f.available(pattern.device)}
+        epilogue = Epilogue(scale=key[-1])
+        choice = st.chosen[key] = choose(
+            op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=expected,
+            result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)])
+    family = registry.by_name(choice.backend)
+    values = run(family, choice.config) if family is not None else dense()
+    return pattern._with_values_trusted(values)
+
+
+# --- the tuner call ------------------------------------------------------------------------------
+def candidates(problem: Problem, ours: dict, library: dict, check=None, device=None) -> list:
+    """Every candidate: our configs with their cost-model features, the library backends with a
+    predicted time (a prior for ranking; fast mode measures every library backend anyway).
+    `check(run)` -> a callable that runs and verifies a candidate, or None; `device`: the
+    DeviceSpec of the prior (default: the tuner's)."""
+    from .tune.tuner import Candidate
+
+    device = device or get_tuner().device
+    out = []
+    for family, run_cfg in ours.items():
+        for cfg in family.space(problem):
+            run = lambda cfg=cfg, run_cfg=run_cfg: run_cfg(cfg)  # noqa: E731
+            out.append(Candidate(family.name, cfg, family.features(problem, cfg), run=run,
+                                 check=check(run) if check else None))
+    for name, run in library.items():
+        out.append(Candidate(name, None, predicted=_library_prior(problem, name, device), run=run,
+                             check=check(run) if check else None, library=True))
+    return out
+
+
+def _library_prior(problem: Problem, name: str, device) -> float:
+    """A library backend's predicted seconds: cuBLAS's roofline for linear (other libraries
+    taken 4x slower); for sddmm / softmax the dense product and a pass over its fp32 result."""
+    from .tune.model import dense_gemm_seconds
+
+    m, k, n = problem.m, problem.k, problem.n
+    if problem.op == "linear":
+        return dense_gemm_seconds(m, k, n, problem.dtype, device, layout=problem.layout) * (1 if name == "dense" else 4)
+    dense_out = m * (k if problem.op == "sddmm" else n)
+    return 2 * m * k * n / device.matrix_rate(problem.dtype) + 3 * dense_out * 4 / device.dram_bw
+
+
+def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout="linear"):
+    """The tuner's Choice for this problem. `expected()` is the float64 truth and
+    `result(output)` puts a candidate's output in the same shape, for the one check of the
+    winner."""
+    tuner = get_tuner()
+    dtype_name = str(dtype).removeprefix("torch.")
+    problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout)
+    tol = reference.tolerance(dtype_name)
+
+    def check(run):
+        def verify():
+            expect = expected()
+            if expect.numel() == 0:
+                return True
+            got = result(run())
+            err = ((got.double() - expect).norm() / expect.norm().clamp_min(1e-30)).item()
+            return err <= tol and bool(torch.isfinite(got).all())
+        return verify
+
+    def rebuild(backend: str, config: dict | None):
+        """The stored choice as a config of today's space, or None (then tune again)."""
+        if backend in library:
+            return None if config is None else _STALE
+        family = registry.by_name(backend)
+        if family is None or family not in ours or config is None or config.get("type") != family.Config.__name__:
+            return _STALE
+        try:
+            cfg = family.config_from_fields(config["fields"])
+        except TypeError:
+            return _STALE
+        return cfg if cfg in family.space(problem) else _STALE
+
+    return tuner.pick(problem, lambda: candidates(problem, ours, library, check), rebuild=rebuild, stale=_STALE)
+
+
+_STALE = object()  # rebuild's answer for a stored choice that today's space no longer holds
