@@ -3,8 +3,8 @@ max(useful flops / matrix rate, compulsory bytes / DRAM bandwidth). Reports divi
 measured times ("fraction of floor"); the tuner never reads it."""
 from __future__ import annotations
 
-from ..tune.device import ELEMENT_BYTES, DeviceSpec, dtype_name
-from ..tune.problem import Problem
+from ..tune.device import DeviceSpec, dtype_name
+from ..tune.problem import ELEMENT_BYTES, Problem
 
 
 def compulsory_bytes(problem: Problem) -> float:

@@ -218,7 +218,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def normalize_pattern(text: str) -> str:
     """The canonical spelling of a pattern ('block:64' -> 'block:64x64'); ValueError if bad."""
-    from ..formats._base import BLOCK_SIZES
+    from ..formats import BLOCK_SIZES
     from ..prune.patterns import parse_pattern
 
     p = parse_pattern(text)

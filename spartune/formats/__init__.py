@@ -1,8 +1,22 @@
-"""Sparse weight formats. Each is immutable and validated at construction."""
-from ._base import FormatStats, SparseFormat
+"""Sparse weight formats. Each is immutable and validated at construction.
+
+Besides the formats, the helpers other layers share (pruning, kernels, benchmarks): block sizes,
+ceil_div, the unit of every item, and PATTERN_CACHES (memos on a format that depend on its
+pattern only, so that a format with new values keeps them)."""
+from ._base import (
+    BLOCK_SIZES,
+    PATTERN_CACHES,
+    FormatStats,
+    SparseFormat,
+    ceil_div,
+    check_block_size,
+    check_dense_weight,
+    unit_of_items,
+)
 from .blocked import BlockSparse
 from .csr import CSR
 from .nm import NM, VNM
 from .shuffled import ShuffledBlock
 
-__all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "SparseFormat", "FormatStats"]
+__all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
+           "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "unit_of_items"]

@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..formats import CSR
-from ..formats._base import PATTERN_CACHES
+from ..formats import PATTERN_CACHES
 
 # ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
 # (2 per instruction, as an FMA counts 2): ~14 SASS instructions per element on sm_90 (bit test,

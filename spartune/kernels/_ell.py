@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..formats import CSR
-from ..formats._base import unit_of_items
+from ..formats import unit_of_items
 
 ELL_BANDS = 8
 ELL_GRANULE = 32  # rows per band boundary: every block_m of the ell path divides it

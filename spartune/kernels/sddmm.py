@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 
 from ..formats import CSR, BlockSparse
-from ..tune.problem import KernelFeatures, Problem
+from ..tune.problem import ELEMENT_BYTES, KernelFeatures, Problem
 from ._bitmap import EXPAND_FLOPS_PER_ELEMENT, HW_POPC, csr_bitmap, expand_chunk
-from ._common import ELEMENT_BYTES, dot_precision, next_pow2, row_chunk, swizzled_rows
+from ._common import dot_precision, next_pow2, row_chunk, swizzled_rows
 
 PATHS = ("gather", "dense", "block")
 

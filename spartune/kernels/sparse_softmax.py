@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from ..formats import CSR, BlockSparse
-from ..tune.problem import KernelFeatures, Problem
-from ._common import ELEMENT_BYTES, next_pow2, swizzled_rows
+from ..tune.problem import ELEMENT_BYTES, KernelFeatures, Problem
+from ._common import next_pow2, swizzled_rows
 
 PATHS = ("row", "block")
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import CSR, NM, VNM, BlockSparse, ShuffledBlock
-from ..formats._base import ceil_div, check_block_size, check_dense_weight
+from ..formats import ceil_div, check_block_size, check_dense_weight
 from .patterns import Pattern, parse_pattern
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 INTERPRETER_DEVICE = "cpu-triton-interpreter"
 
 _MATRIX_FIELD = {"float16": "mma_fp16", "bfloat16": "mma_bf16", "float32": "mma_tf32"}
-ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def dtype_name(dtype) -> str:

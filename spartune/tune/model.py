@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 
-from .device import ELEMENT_BYTES, DeviceSpec, dtype_name
+from .device import DeviceSpec, dtype_name
 from .measure import GRAPH_BELOW_S, REPLAY_EVICTS_L2
-from .problem import KernelFeatures
+from .problem import ELEMENT_BYTES, KernelFeatures
 
 # Tile loads by cp.async / TMA (the kernels' main loops) stream through L2 about 1.5x faster than
 # the plain loads calibrate() times: block-sparse SpMM moves ~8 TB/s of L2 traffic on the H100

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from ..formats import FormatStats
 
 
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # by Problem.dtype
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """What is fused after the product: y = act(scale * acc + bias) + residual, cast to out_dtype."""
