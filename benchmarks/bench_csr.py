@@ -6,8 +6,8 @@ bandwidth and the fp32 FMA rate, and reports the fraction of the floor (DESIGN.m
     python benchmarks/bench_csr.py [--quick] [--all] [--max-configs K] [--budget-s S] [--out DIR]
 
 By default each case measures the `--max-configs` best configs by the cost model's ranking
-(spartune.tune.model, or a roofline fallback), always including the model's best of each path;
-`--all` sweeps every config (slow on a fresh machine: Triton compiles each). Prints a table last,
+(spartune.tune.model, with this run's measured rates), always including the model's best of
+each path; `--all` sweeps every config (slow on a fresh machine: Triton compiles each). Prints a table last,
 writes JSON to DIR/bench_csr.json (DIR: --out, else $OUT, else ./out).
 """
 from __future__ import annotations

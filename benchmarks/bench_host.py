@@ -20,7 +20,8 @@ import torch
 
 import spartune as st
 from spartune import ops
-from spartune.bench.runner import find_choice, random_weight
+from spartune.bench.picks import find_choice
+from spartune.bench.weights import random_weight
 
 CASES = (  # (pattern, M, K, N, density)
     ("block:64", 4096, 4096, 16, 0.1),

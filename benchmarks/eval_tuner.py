@@ -2,6 +2,8 @@
 
     python benchmarks/eval_tuner.py [--quick] [--problems N] [--budget-s S] [--out DIR]
 
+Needs the package importable (`pip install -e .`, or PYTHONPATH=$PWD as scripts/gpu.sh sets).
+
 1. Calibrates the device (tune.device.calibrate), then (a) times the tuning of one new problem in
    fast mode end to end through spartune.linear (compiles included, fresh Triton cache, fresh
    in-memory tuner) and (b) the host overhead of a DB hit: spartune.linear on a tuned weight vs
@@ -37,10 +39,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 FORMATS = ("block:64x64", "block:32x32", "shfl:64", "csr")
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (3072, 768), (768, 3072), (1024, 1024))

@@ -3,6 +3,8 @@
     python benchmarks/fit_model.py [--data DIR] [--top-k 4] [--top-frac 0.06] [--split blocks|parity]
                                    [--per-problem] [--grid]
 
+Needs the package importable (`pip install -e .`, or PYTHONPATH=$PWD from the repository root).
+
 Loads DIR/eval_tuner_records.json and DIR/eval_tuner.json (benchmarks/eval_tuner.py's output;
 default benchmarks/data/h100-2026-11-22-run6, see its README.md), rebuilds every problem,
 recomputes each candidate's features with its family's CURRENT features() (the stored ones go
@@ -17,8 +19,8 @@ Two views, because of how runs timed candidates:
   recorded every row as stored, including `quick` rows: a candidate already 3x slower than the
            best so far timed by ONE call. In run6 (and later) that call is GPU time only (the
            host enqueues behind a GPU sleep), so `--quick-rows gpu` (default there) counts them
-           as timed; in benchmarks/data/ (the first run, `--quick-rows host`) they include the
-           host launch (45-300 us) and measure Python, not the GPU.
+           as timed; in the first run (commit 03b2126, benchmarks/data/, `--quick-rows host`) they
+           include the host launch (45-300 us) and measure Python, not the GPU.
 Both on the two halves of the suite (fit constants on `train`, judge on `test`) and on all.
 `--grid` scans the fitted constants (module constants of model.py and the kernels' features(),
 DeviceSpec latencies), scores each on the train half only and shows the same rows on test.
@@ -40,19 +42,16 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from spartune.formats import FormatStats  # noqa: E402
-from spartune.tune import model  # noqa: E402
+from spartune.formats import FormatStats
+from spartune.kernels import registry
+from spartune.tune import model
 from spartune.tune.device import DeviceSpec
-from spartune.tune.model import dense_gemm_seconds, predict  # noqa: E402
-from spartune.tune.problem import Epilogue, KernelFeatures, Problem  # noqa: E402
-from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_count  # noqa: E402
+from spartune.tune.model import dense_gemm_seconds, predict
+from spartune.tune.problem import Epilogue, KernelFeatures, Problem
+from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_count
 
 TIMED = ("bench", "graph")
-LEGACY = ROOT / "benchmarks" / "data"  # the first run: host-bound quick rows, dense always copied
+DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "h100-2026-11-22-run6"
 
 
 def load(data: Path):
@@ -72,9 +71,9 @@ def load(data: Path):
 
 
 def family(backend: str):
-    from spartune.kernels import spmm_blocked, spmm_csr
-
-    return {"blocked": spmm_blocked, "csr": spmm_csr}.get(backend)
+    """The kernel family's module of a recorded backend; None for a library backend (dense)."""
+    f = registry.by_name(backend)
+    return f.module if f else None
 
 
 def rescore(records, spec: DeviceSpec, problems: dict, copy: bool, warm: bool) -> tuple[list[dict], int]:
@@ -254,26 +253,26 @@ def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_
 def main(argv=None) -> int:
     global TIMED
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data" / "h100-2026-11-22-run6"))
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--top-k", type=int, default=TOP_K)
     ap.add_argument("--top-frac", type=float, default=TOP_FRAC,
                     help="fast mode measures max(top-k, top-frac x candidates), as the Tuner (0: exactly top-k)")
     ap.add_argument("--split", choices=("blocks", "parity"), default="blocks")
     ap.add_argument("--per-problem", action="store_true", help="one line per problem (recorded view)")
     ap.add_argument("--grid", action="store_true", help="scan the fitted constants on the train half")
-    ap.add_argument("--dense-copy", choices=("always", "auto"), default=None,
+    ap.add_argument("--dense-copy", choices=("always", "auto"), default="auto",
                     help="the recorded dense backend copied its result into out: always (runs before commit "
-                         "fe55e6a, benchmarks/data/) or only into a transposed out (auto: later runs, where "
-                         "F.linear on x = X.T returns a transposed result). Default: by --data")
-    ap.add_argument("--quick-rows", choices=("host", "gpu"), default=None,
-                    help="how the run timed `quick` rows: host-bound (benchmarks/data/) or GPU time only "
-                         "(run6 and later, counted as timed). Default: by --data")
+                         "fe55e6a: the first run, at commit 03b2126 in benchmarks/data/) or only into a "
+                         "transposed out (auto, the default: run6 and later, where F.linear on x = X.T returns "
+                         "a transposed result)")
+    ap.add_argument("--quick-rows", choices=("host", "gpu"), default="gpu",
+                    help="how the run timed `quick` rows: host-bound (the first run) or GPU time only "
+                         "(gpu, the default: run6 and later, counted as timed)")
     args = ap.parse_args(argv)
 
     data = Path(args.data).resolve()
-    legacy = data == LEGACY.resolve()
-    copy = True if (args.dense_copy or ("always" if legacy else "auto")) == "always" else None
-    if (args.quick_rows or ("host" if legacy else "gpu")) == "gpu":
+    copy = True if args.dense_copy == "always" else None
+    if args.quick_rows == "gpu":
         TIMED = ("bench", "graph", "quick")
     summary, records, spec, problems = load(data)
     records = [r for r in records if r["problem"] in problems]
