@@ -1,10 +1,9 @@
 """What the kernel families share: Triton helpers (program order, Sputnik's row swizzle) and
-the host side's element sizes, power-of-two rounding and scratch buffers."""
+the host side's power-of-two rounding and scratch buffers."""
 import torch
 import triton
 import triton.language as tl
 
-from ..tune.problem import ELEMENT_BYTES  # noqa: F401  (spmm_csr reads it here until its split lands)
 
 
 def next_pow2(n) -> int:

@@ -115,7 +115,7 @@ def test_spmm_split_is_repeatable_and_leaves_workspace_clean():
     for _ in range(3):
         x = torch.randn(N, K, device="cuda", dtype=torch.float16)
         assert rel(run_spmm(A, x, cfg), ref.linear(x, A)) < 1e-2
-    for tensors in spmm_csr._WORKSPACES.values():
+    for tensors in spmm_csr.dense._WORKSPACES.values():
         for t in tensors:
             assert int(t.count_nonzero()) == 0
 

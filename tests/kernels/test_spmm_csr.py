@@ -271,7 +271,7 @@ def test_spmm_split_workspace_is_left_clean():
     for seed in (18, 19):
         x = torch.randn(n, k, generator=_gen(seed))
         _assert_spmm(_run_spmm(A, x, spmm_csr.Config("dense", 16, 16, 32, split_k=4)), x, A, torch.float32)
-        for t in spmm_csr._WORKSPACES[x.device]:
+        for t in spmm_csr.dense._WORKSPACES[x.device]:
             assert int(t.count_nonzero()) == 0
 
 
