@@ -20,7 +20,7 @@ import torch
 
 import spartune as st
 from spartune import ops
-from spartune.bench.picks import find_choice
+from spartune.dispatch import find_choice
 from spartune.bench.weights import random_weight
 
 CASES = (  # (pattern, M, K, N, density)

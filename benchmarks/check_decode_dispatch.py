@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import spartune as st
-from spartune.bench.picks import choice_dict, find_choice
+from spartune.bench.picks import choice_dict
+from spartune.dispatch import find_choice
 from spartune.tune.measure import cold_replay, time_callable
 
 g = torch.Generator(device="cuda").manual_seed(0)

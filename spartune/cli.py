@@ -226,7 +226,7 @@ def _rerun_with_interpreter(argv):
     """Our kernels are built for the interpreter only if TRITON_INTERPRET was set before they
     were imported (importing spartune imports them). From the command line, run again with it
     set; None when this process can go on as it is."""
-    from .bench.runner import interpreter_active
+    from .bench.environment import interpreter_active
 
     if interpreter_active() or argv is not None or os.environ.get(NO_REEXEC_ENV):
         return None
@@ -249,12 +249,13 @@ def _tune(parser, args) -> int:
               "On the GPU machine: spartune tune ...; or import a tuned table: spartune db import FILE",
               file=sys.stderr)
         return 1
-    from .bench import runner
+    from .bench import pretune
+    from .bench.document import Options
     from .tune.db import default_path
 
     print(f"tuning {len(specs)} problems into {default_path()}", flush=True)
-    rows = runner.tune(specs, runner.Options(dtype=args.dtype, mode=args.mode, seed=args.seed,
-                                             progress=not args.no_progress))
+    rows = pretune.tune(specs, Options(dtype=args.dtype, mode=args.mode, seed=args.seed,
+                                       progress=not args.no_progress))
     failed = [r for r in rows if r.get("error")]
     print(f"tuned {len(rows) - len(failed)} of {len(rows)} problems" + (f"; {len(failed)} failed" if failed else ""))
     return 1 if failed else 0
@@ -306,7 +307,7 @@ def db_summary(path: Path) -> dict:
 def _info(args) -> int:
     import datetime
 
-    from .bench.runner import device_info, versions
+    from .bench.environment import device_info, versions
     from .tune.db import default_path
 
     info = {"device": device_info(), "versions": versions(), "tuner_mode": os.environ.get("SPARTUNE_MODE", "fast"),

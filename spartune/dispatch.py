@@ -90,9 +90,10 @@ def device_name(device: torch.device) -> str:
     return INTERPRETER_DEVICE
 
 
-def find_choice(A, n: int, dtype: str, layout: str = "linear"):
-    """The tuner's Choice for linear(x with n rows, A) without an epilogue, made in this
-    process, or None (reports show what was picked)."""
+def find_choice(A, n: int, dtype: str, op: str = "linear"):
+    """The tuner's Choice for linear(x with n rows, A), or spmm(A, X with n columns), without an
+    epilogue, made in this process, or None (reports show what was picked)."""
+    layout = "spmm" if op == "spmm" and n > 1 else "linear"  # as _layout sees spmm's x = X.T
     key = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device),
                   layout).key()
     return get_tuner().cached(key)
@@ -220,9 +221,7 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             expect = expected()
             if expect.numel() == 0:
                 return True
-            got = result(run())
-            err = ((got.double() - expect).norm() / expect.norm().clamp_min(1e-30)).item()
-            return err <= tol and bool(torch.isfinite(got).all())
+            return reference.rel_err(result(run()), expect) <= tol  # NaN (a non-finite output) fails
         return verify
 
     def rebuild(backend: str, config: dict | None):

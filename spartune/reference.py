@@ -16,6 +16,15 @@ def tolerance(dtype) -> float:
     return TOLERANCE[str(dtype).removeprefix("torch.")]
 
 
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN when out has a non-finite value (so that it
+    passes no tolerance: an output element never written holds the NaN it was poisoned with)."""
+    out, ref = out.double(), ref.double()
+    if not bool(torch.isfinite(out).all()):
+        return float("nan")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
 def spmm(A: SparseFormat, X: torch.Tensor) -> torch.Tensor:
     """A @ X, float64."""
     return A.to_dense().double() @ X.double()

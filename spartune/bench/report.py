@@ -1,6 +1,7 @@
 """Benchmark reports: an aligned plain-text table, the JSON document, a PNG plot.
 
-The JSON document (schema "spartune-bench/1"), as runner.py builds it:
+The JSON document (schema "spartune-bench/1"), as document.py starts it and timing.py or
+correctness.py fill it:
 
     schema        "spartune-bench/1"
     kind          "timing" (a GPU run) | "correctness" (no CUDA: Triton interpreter, no times)

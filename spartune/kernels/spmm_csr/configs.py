@@ -31,7 +31,7 @@ class Config:
 # the tiles space() tries, in the order it tries them (order matters: equal predictions keep it)
 # ---------------------------------------------------------------------------------------------
 # row_t, (rows, nonzeros per step, warps): small programs first, 1-2 warps with 32-64 nonzeros
-# per row in flight measured best (benchmarks/profile_decode.py: qkv N=16, 2x64 on 2 warps
+# per row in flight measured best (benchmarks/LOG.md, "CSR decode": qkv N=16, 2x64 on 2 warps
 # 12.5 us vs 4x128 on 4 15.2); the 16-token second strip (16 < N <= 64) tries the first three
 ROW_T_TILES = ((2, 64, 2), (2, 32, 1), (1, 64, 1), (4, 32, 2), (4, 64, 4), (2, 128, 4), (1, 128, 2), (1, 256, 4))
 # ell at N = 1, (rows, warps): the row kernel takes a whole row per step, so only rows and warps vary
