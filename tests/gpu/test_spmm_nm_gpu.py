@@ -1,0 +1,174 @@
+"""The 2:4 sparse tensor-core family on the GPU: every config, odd shapes, every epilogue,
+strided operands, CUDA graphs and spartune.linear, against the float64 reference."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import spartune as st
+from spartune.kernels import spmm_nm as K
+from spartune.kernels.cuda import runtime as R
+from spartune.tune.problem import Problem
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+TOL = 1e-2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("spartune-cache")))
+        R.set_cache(None)
+        K._kernels.clear()
+        yield
+    R.set_cache(None)
+    K._kernels.clear()
+
+
+def random_2to4(rows, cols, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-cols // 4)
+    w = torch.randn(rows, groups * 4, generator=g)
+    rank = torch.rand(rows, groups, 4, generator=g).argsort(-1).argsort(-1)
+    keep = rank < torch.randint(1, 3, (rows, groups, 1), generator=g)
+    w = (w.reshape(rows, groups, 4) * keep).reshape(rows, groups * 4)[:, :cols]
+    return w.to(dtype).cuda()
+
+
+ACTS = {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+        "silu": F.silu}
+
+
+def reference(x, w, bias=None, activation=None, residual=None, scale=1.0):
+    y = scale * (x.double() @ w.double().T)
+    if bias is not None:
+        y = y + bias.double()
+    y = ACTS[activation](y)
+    if residual is not None:
+        y = y + residual.double()
+    return y
+
+
+def rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def problem(A, n):
+    return Problem("linear", A.signature, *A.shape, n, str(A.dtype).split(".")[-1], A.stats())
+
+
+def run(A, x, config, out=None, **epi):
+    if out is None:
+        out = torch.full((x.shape[0], A.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
+    K.launch(A, x, out, config, **epi)
+    return out
+
+
+def test_available():
+    assert K.available(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_config(dtype):
+    M, Kd, N = 200, 328, 77
+    w = random_2to4(M, Kd, dtype, 1)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    configs = K.space(problem(A, N))
+    assert len(configs) >= 8
+    for cfg in configs:
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M, Kd", [(100, 72), (16, 32), (33, 130), (1000, 777), (4096, 4096)])
+@pytest.mark.parametrize("N", [1, 7, 77])
+def test_odd_shapes(dtype, M, Kd, N):
+    w = random_2to4(M, Kd, dtype, M + Kd)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    for cfg in (K.space(problem(A, N))[0], K.space(problem(A, N))[-1]):
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("out_dtype", ["same", torch.float32])
+def test_every_epilogue(dtype, activation, out_dtype):
+    M, Kd, N = 100, 72, 7
+    w = random_2to4(M, Kd, dtype, 3)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    cfg = K.space(problem(A, N))[0]
+    odt = dtype if out_dtype == "same" else out_dtype
+    for kw in (dict(bias=bias), dict(residual=res), dict(bias=bias, residual=res, scale=0.5), {}):
+        out = torch.full((N, M), float("nan"), device="cuda", dtype=odt)
+        run(A, x, cfg, out=out, activation=activation, **kw)
+        assert not out.isnan().any()
+        assert rel(out, reference(x, w, activation=activation, **kw)) <= TOL, kw
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 7, 77])
+def test_strided_x_and_out(dtype, N):
+    M, Kd = 100, 72
+    w = random_2to4(M, Kd, dtype, 4)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # the spmm layout: tokens contiguous
+    out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    res = torch.randn(M, N, device="cuda", dtype=dtype).T
+    for cfg in K.space(problem(A, N))[:3]:
+        out_t.fill_(float("nan"))
+        run(A, x, cfg, out=out_t.T, residual=res)
+        assert not out_t.isnan().any()
+        assert rel(out_t.T, reference(x, w, residual=res)) <= TOL, cfg
+    # a padded row pitch (x_vec with sxn != K) and a column slice of a wider out
+    xp = torch.randn(N, Kd + 8, device="cuda", dtype=dtype)[:, :Kd]
+    wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
+    run(A, xp, K.space(problem(A, N))[0], out=wide[:, 2:2 + M])
+    assert rel(wide[:, 2:2 + M], reference(xp, w)) <= TOL
+    assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_graph_capture(dtype):
+    M, Kd, N = 256, 512, 16
+    w = random_2to4(M, Kd, dtype, 5)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    out = torch.empty(N, M, device="cuda", dtype=dtype)
+    cfg = K.space(problem(A, N))[-1]
+    run(A, x, cfg, out=out)  # compile and pack before capturing
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        K.launch(A, x, out, cfg)
+    out.fill_(float("nan"))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(out, reference(x, w)) <= TOL
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 16, 77])
+def test_through_spartune_linear(dtype, N):
+    M, Kd = 512, 256
+    w = random_2to4(M, Kd, dtype, 6)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    y = st.linear(x, A, bias, "gelu")
+    assert rel(y, reference(x, w, bias, "gelu")) <= TOL
+    y = st.linear(x, A, bias, "gelu")  # the cached choice
+    assert rel(y, reference(x, w, bias, "gelu")) <= TOL

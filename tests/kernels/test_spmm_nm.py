@@ -1,0 +1,91 @@
+"""The 2:4 sparse tensor-core family on the CPU: the packed weight against the emulation of
+mma.sp, space/features sanity, availability, registry and the dense fallback."""
+import pytest
+import torch
+
+import spartune as st
+from spartune.kernels import registry
+from spartune.kernels import spmm_nm as K
+from spartune.kernels.cuda import emulate as E
+from spartune.tune.problem import Problem
+
+
+def random_2to4(rows, cols, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-cols // 4)
+    w = torch.randn(rows, groups * 4, generator=g)
+    rank = torch.rand(rows, groups, 4, generator=g).argsort(-1).argsort(-1)
+    keep = rank < torch.randint(0, 3, (rows, groups, 1), generator=g)
+    w = (w.reshape(rows, groups, 4) * keep).reshape(rows, groups * 4)[:, :cols]
+    return w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows, cols", [(16, 32), (100, 72), (7, 5), (33, 130), (1, 1)])
+def test_packing_round_trips_through_the_emulation(dtype, rows, cols):
+    w = random_2to4(rows, cols, dtype, seed=rows * 1000 + cols)
+    A = st.NM.from_dense(w, 2, 4)
+    values, meta, mt, kt = K.packed(A)
+    assert values.shape == (mt, kt, 32, 8) and meta.shape == (mt, kt, 32) and meta.dtype == torch.int32
+    assert mt * 16 >= rows and kt * 32 >= cols
+    dense = E.decode_matrix(values, meta)
+    assert torch.equal(dense[:rows, :cols], w.double())
+    assert not dense[rows:].any() and not dense[:, cols:].any()
+    assert K.packed(A) is K.packed(A)  # memoised on the weight
+
+
+def test_packing_refuses_other_nm():
+    A = st.NM.from_dense(torch.zeros(16, 16, dtype=torch.float16), 1, 4)
+    with pytest.raises(ValueError, match="2:4"):
+        K.packed(A)
+
+
+def problem(m, k, n, dtype="float16", fmt="2:4"):
+    A = st.NM.from_dense(random_2to4(m, k, torch.float32), 2, 4)
+    return Problem("linear", fmt, m, k, n, dtype, A.stats())
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 77, 2048])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_space_and_features(n, dtype):
+    prob = problem(256, 256, n, dtype)
+    configs = K.space(prob)
+    assert configs
+    assert all(c.bn <= max(8, 1 << (n - 1).bit_length()) for c in configs)
+    dense_flops = 2.0 * 256 * 256 * n
+    for c in configs:
+        assert K._warp_grid(c) is not None
+        f = K.features(prob, c)
+        assert f.tiles > 0 and f.mma_flops > 0 and f.dram_bytes > 0 and f.l2_bytes >= f.dram_bytes - 256 * n * 2
+        assert f.steps_max == 256 // 32 and 0 < f.smem_bytes <= K.SMEM_BYTES and f.num_warps == c.num_warps
+        if n % c.bn == 0:
+            assert f.mma_flops < dense_flops  # the sparse tensor cores do half the math
+
+
+def test_space_is_empty_where_mma_sp_cannot_run():
+    assert K.space(problem(64, 64, 16, "float32")) == []
+    assert K.space(problem(64, 64, 16, "float16", fmt="1:4")) == []
+
+
+def test_unavailable_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert not K.available(torch.device("cpu"))
+    A = st.NM.from_dense(random_2to4(16, 32, torch.float16), 2, 4)
+    fam = registry.by_name("nm")
+    assert not fam.available(A.device)
+
+
+def test_registry_lists_the_family():
+    fam = registry.by_name("nm")
+    assert fam is not None and fam.language == "cuda" and fam.op == "linear"
+    A = st.NM.from_dense(random_2to4(16, 32, torch.float16), 2, 4)
+    assert fam in registry.families("linear", A)
+    assert st.NM in registry.served_formats("linear")
+
+
+def test_linear_on_the_cpu_falls_back():
+    w = random_2to4(48, 40, torch.float32)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(5, 40)
+    torch.testing.assert_close(st.linear(x, A), x @ w.T, rtol=1e-4, atol=1e-4)
