@@ -106,9 +106,13 @@ def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0)
     epi = dict(bias=bias, activation=activation, residual=residual, scale=scale)
     ours = {f: (lambda cfg, f=f: f.launch(A, x, out, cfg, **epi))
             for f in registry.families("linear", A) if f.available(A.device)}
-    libs = backends.library_backends(A) if A.device.type == "cuda" else {"dense": backends.dense_linear}
-    library = {name: (lambda fn=fn: fn(A, x, out, **epi)) for name, fn in libs.items()}
+    library = {name: (lambda fn=fn: fn(A, x, out, **epi)) for name, fn in _libraries(A).items()}
     return ours, library
+
+
+def _libraries(A) -> dict:
+    """The library backends for A by name (on the CPU, torch's dense product alone)."""
+    return backends.library_backends(A) if A.device.type == "cuda" else {"dense": backends.dense_linear}
 
 
 def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale):
@@ -129,7 +133,7 @@ def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residu
         launcher = lambda A, x, out, bias, act, res, scale: launch(  # noqa: E731
             A, x, out, cfg, bias=bias, activation=act, residual=res, scale=scale)
     else:
-        fn = backends.library_backends(A)[choice.backend] if A.device.type == "cuda" else backends.dense_linear
+        fn = _libraries(A)[choice.backend]
         launcher = lambda A, x, out, bias, act, res, scale: fn(  # noqa: E731
             A, x, out, bias=bias, activation=act, residual=res, scale=scale)
     st.launchers[key] = launcher
