@@ -38,7 +38,7 @@ def main(shapes):
         K.launch(A, x, out, best[1])
         err = ((out.double() - x.double() @ w.double().T).norm() / (x.double() @ w.double().T).norm()).item()
         print(f"| {m}x{k} | {n} | {dense * 1e6:.1f} | {best[0] * 1e6:.1f} | {dense / best[0]:.2f} | "
-              f"bm={best[1].bm} bn={best[1].bn} w={best[1].num_warps} (rel err {err:.1e}) | {len(configs)} |",
+              f"bm={best[1].bm} bn={best[1].bn} w={best[1].num_warps} wk={best[1].warps_k} (rel err {err:.1e}) | {len(configs)} |",
               flush=True)
 
 

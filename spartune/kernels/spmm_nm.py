@@ -28,21 +28,27 @@ class Config:
     bm: int  # rows of A per CTA (multiple of 16)
     bn: int  # tokens per CTA (multiple of 8)
     num_warps: int
-    ksteps: int = 4  # 32-wide K steps per staged chunk of x
+    warps_k: int = 1  # of the warps, how many split K (decode: few row tiles, so parallelism in K)
+    ksteps: int = 4  # 32-wide K steps per warp and staged chunk of x
 
 
 def _warp_grid(config: Config) -> tuple[int, int] | None:
     """(warps along rows, along tokens), or None when the warps cannot tile the CTA."""
-    mt, nt = config.bm // 16, config.bn // 8
-    wm = min(config.num_warps, mt)
-    wn = config.num_warps // wm
-    if wm * wn != config.num_warps or mt % wm or nt % wn:
+    if config.num_warps % config.warps_k:
+        return None
+    mt, nt, warps = config.bm // 16, config.bn // 8, config.num_warps // config.warps_k
+    wm = min(warps, mt)
+    wn = warps // wm
+    if wm * wn != warps or mt % wm or nt % wn:
         return None
     return wm, wn
 
 
-def _x_tile_bytes(config: Config) -> int:
-    return config.bn * (32 * config.ksteps + 8) * 2
+def _smem_bytes(config: Config) -> int:
+    """The staged x chunk, or the K parts' partial sums where larger (they share the buffer)."""
+    x_tile = config.bn * (32 * config.ksteps * config.warps_k + 8) * 2
+    partial = (config.warps_k - 1) * config.bm * config.bn * 4
+    return max(x_tile, partial)
 
 
 def space(problem: Problem) -> list[Config]:
@@ -51,16 +57,20 @@ def space(problem: Problem) -> list[Config]:
         return []
     n_cap = max(8, 1 << math.ceil(math.log2(max(problem.n, 1))))
     out = []
-    for bn in (8, 16, 32, 64):
+    for bn in (8, 16, 32, 64, 128):
         if bn > n_cap:
             continue
-        for bm in (64, 128):
-            for warps in (4, 8):
-                cfg = Config(bm, bn, warps)
-                if _warp_grid(cfg) is None or _x_tile_bytes(cfg) > SMEM_BYTES:
-                    continue
+        shapes = _DECODE if bn <= 16 else [(bm, w, 1) for bm in (64, 128) for w in (4, 8)]
+        for bm, warps, warps_k in shapes:
+            cfg = Config(bm, bn, warps, warps_k)
+            if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= SMEM_BYTES:
                 out.append(cfg)
     return out
+
+
+# (bm, warps, warps_k) for narrow token tiles: few row tiles' worth of CTAs, so small BM and K
+# split over warps keep enough loads in flight
+_DECODE = [(16, 4, 4), (32, 4, 2), (32, 4, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4), (128, 4, 1), (128, 8, 2)]
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
@@ -71,7 +81,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
     k_pad = kt * 32
-    a_bytes = mt * 16 * k_pad // 2 * elt + mt * kt * 32 * 4  # values + metadata words (4 lanes repeat)
+    a_bytes = mt * 16 * k_pad // 2 * elt + mt * kt * 16 * 4  # values + metadata words
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
     # A is re-read once per token strip, x once per row tile, all through L2
@@ -80,8 +90,9 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     wm, wn = _warp_grid(config)
     threads = 32 * config.num_warps
     # registers: accumulators, two sets of A fragments (prefetch), B, addresses
-    regs = 40 + config.bm * config.bn // threads + 2 * (config.bm // 16 // wm) * config.ksteps * 5
-    steps = kt  # one mma.sp K step per 32 columns
+    regs = 40 + config.bm * config.bn * config.warps_k // threads + 2 * (config.bm // 16 // wm) * config.ksteps * 5
+    regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
+    steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
@@ -91,9 +102,9 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         l2_bytes=a_l2 + x_l2 + y_bytes,
         steps_max=steps,
         steps_mean=float(steps),
-        smem_bytes=_x_tile_bytes(config),
+        smem_bytes=_smem_bytes(config),
         num_warps=config.num_warps,
-        num_stages=1,  # x staged once per chunk; A's next chunk prefetched into registers
+        num_stages=2,  # the next chunk's A and x loaded into registers while this one multiplies
         regs_per_thread=min(255, regs),
     )
 
@@ -106,8 +117,13 @@ def available(device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+# selector 0 reads metadata from lanes 4g + 0 and 4g + 1 only: keeping those 16 words of each
+# tile's 32 cuts the weight's bytes by 1/10 (a lane reads word 2g + t % 2)
+_META_LANES = [4 * g + h for g in range(8) for h in range(2)]
+
+
 def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(values (Mt, Kt, 32, 8), metadata (Mt, Kt, 32) int32, Mt, Kt) in mma.sp's register order,
+    """(values (Mt, Kt, 32, 8), metadata (Mt, Kt, 16) int32, Mt, Kt) in mma.sp's register order,
     built once per (immutable) weight: rows padded to 16 and K to 32 with zeros."""
     cached = A.__dict__.get("_nm_packed")
     if cached is None:
@@ -125,7 +141,7 @@ def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
         idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)
         v, meta = pack_compressed(values, idx)
-        cached = (v.contiguous(), meta.contiguous(), mt, kt)
+        cached = (v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt)
         object.__setattr__(A, "_nm_packed", cached)
     return cached
 
@@ -145,7 +161,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-        "WARPS": config.num_warps, "KSTEPS": config.ksteps})
+        "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps})
 
 
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,

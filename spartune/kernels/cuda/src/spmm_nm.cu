@@ -1,12 +1,15 @@
 // 2:4 SpMM on the sparse tensor cores (mma.sp m16n8k32), linear layout with the fused epilogue:
 //   out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
-// A CTA owns BM rows of A x BN tokens; its warps split the rows in 16-row slices and the tokens
-// in 8-token slices. K is walked in chunks of KSTEPS x 32: the chunk's x tile is staged in
-// shared memory (ldmatrix gives mma.sp's B fragment directly), A's fragments come from global
-// memory in register order (sparse_mma.py: one 16-byte and one 4-byte load per lane), the next
-// chunk's A fragments prefetched into registers while this chunk multiplies.
+// A CTA owns BM rows of A x BN tokens; its warps split the rows in 16-row slices, the tokens in
+// 8-token slices and K in WARPS_K interleaved parts (summed through shared memory at the end:
+// decode has few row tiles, so K is where the parallelism is). K is walked in chunks of
+// WARPS_K x KSTEPS x 32: the chunk's x tile is staged in shared memory (ldmatrix gives mma.sp's
+// B fragment directly), A's fragments come from global memory in register order (sparse_mma.py:
+// one 16-byte and one 4-byte load per lane); the next chunk's A fragments and x tile are loaded
+// into registers while this chunk multiplies.
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
-//   BM, BN, WARPS, KSTEPS  tile rows, tile tokens, warps per CTA, 32-wide K steps per chunk
+//   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
+//                                   32-wide K steps per warp and chunk
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -15,17 +18,28 @@
 #if !defined(SPARTUNE_BF16) || !defined(BM) || !defined(BN) || !defined(WARPS) || !defined(KSTEPS)
 #error "spmm_nm.cu needs SPARTUNE_BF16, BM, BN, WARPS and KSTEPS"
 #endif
+#ifndef WARPS_K
+#define WARPS_K 1
+#endif
 
 constexpr int MT = BM / 16;                            // 16-row slices per CTA
 constexpr int NT = BN / 8;                             // 8-token slices per CTA
-constexpr int WARPS_M = WARPS < MT ? WARPS : MT;
-constexpr int WARPS_N = WARPS / WARPS_M;
+constexpr int WARPS_MN = WARPS / WARPS_K;             // warps over the output tile
+constexpr int WARPS_M = WARPS_MN < MT ? WARPS_MN : MT;
+constexpr int WARPS_N = WARPS_MN / WARPS_M;
 constexpr int WM = MT / WARPS_M;                       // row slices per warp
 constexpr int WN = NT / WARPS_N;                       // token slices per warp
-constexpr int KC = 32 * KSTEPS;                        // K per chunk
+constexpr int KC = 32 * KSTEPS * WARPS_K;              // K per chunk
 constexpr int XS_STRIDE = KC + 8;                      // halves per staged token row (+16 B: no bank conflicts)
+constexpr int THREADS = WARPS * 32;
+constexpr int XVECS = BN * KC / 8;                     // 16-byte vectors of a chunk's x tile
+constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
+constexpr int XS_BYTES = BN * XS_STRIDE * 2;
+constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * (BM / 16 / WARPS_M) * (BN / 8 / WARPS_N) * 4 * 32 * 4;
+constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 static_assert(BM % 16 == 0 && BN % 8 == 0, "BM must be a multiple of 16 and BN of 8");
-static_assert(WARPS_M * WARPS_N == WARPS && MT % WARPS_M == 0 && NT % WARPS_N == 0, "warps must tile the CTA");
+static_assert(WARPS_MN * WARPS_K == WARPS, "WARPS_K must divide WARPS");
+static_assert(WARPS_M * WARPS_N == WARPS_MN && MT % WARPS_M == 0 && NT % WARPS_N == 0, "warps must tile the CTA");
 
 // dtype codes of the epilogue tensors: 0 fp16, 1 bf16, 2 fp32
 __device__ __forceinline__ float load_as_float(const void* p, long long i, int code) {
@@ -61,18 +75,21 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
                : "r"(addr));
 }
 
-// a_values: (Mt, Kt, 32, 8) halves as uint4 per lane; a_meta: (Mt, Kt, 32) words (sparse_mma.py).
+// a_values: (Mt, Kt, 32, 8) halves as uint4 per lane; a_meta: (Mt, Kt, 16) words, those of lanes
+// 4g and 4g + 1 (sparse_mma.py; selector 0 reads no other lane's).
 // x: (N, K) at strides (sxn, sxk); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte
 // aligned (chunks then move as 16-byte vectors). bias (M,) / residual (N, M) may be null.
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(THREADS)
     spmm_nm(const uint4* __restrict__ a_values, const unsigned* __restrict__ a_meta,
             const unsigned short* __restrict__ x, void* __restrict__ out, const void* __restrict__ bias,
             const void* __restrict__ residual, int M, int K, int N, int Mt, int Kt, int sxn, int sxk, int x_vec,
             int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
-  __shared__ __align__(16) unsigned short xs[BN * XS_STRIDE];
+  __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
+  unsigned short* xs = reinterpret_cast<unsigned short*>(smem);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+  const int warp_mn = warp % WARPS_MN, warp_k = warp / WARPS_MN;
+  const int warp_m = warp_mn % WARPS_M, warp_n = warp_mn / WARPS_M;
   const int mt0 = blockIdx.x * MT + warp_m * WM;  // this warp's first 16-row slice
   const int n_cta = blockIdx.y * BN;
 
@@ -86,44 +103,60 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 
   uint4 av[WM][KSTEPS];
   unsigned am[WM][KSTEPS];
-  auto load_a = [&](int chunk) {
+  auto load_a = [&](int chunk) {  // this warp's K steps of the chunk: warp_k, + WARPS_K, ...
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
-        const int mt = mt0 + i, kt = chunk * KSTEPS + s;
+        const int mt = mt0 + i, kt = chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k;
         if (mt < Mt && kt < Kt) {
-          const long long at = ((long long)mt * Kt + kt) * 32 + lane;
-          av[i][s] = a_values[at];
-          am[i][s] = a_meta[at];
+          const long long at = (long long)mt * Kt + kt;
+          av[i][s] = a_values[at * 32 + lane];
+          am[i][s] = a_meta[at * 16 + 2 * (lane >> 2) + (lane & 1)];
         } else {
           av[i][s] = make_uint4(0u, 0u, 0u, 0u);
           am[i][s] = 0x44444444u;  // positions (0, 1) in every group: valid, values zero
         }
       }
   };
-
-  const int chunks = (Kt + KSTEPS - 1) / KSTEPS;
-  load_a(0);
-  for (int c = 0; c < chunks; ++c) {
-    const int k0 = c * KC;
-    // stage x[n_cta : n_cta + BN, k0 : k0 + KC] in shared memory, zeros outside x
-    if (x_vec && k0 + KC <= K) {
-      constexpr int VECS = BN * KC / 8;
-      for (int v = tid; v < VECS; v += WARPS * 32) {
+  // x tile of a chunk: 16-byte vectors into registers when the chunk is whole and aligned,
+  // else element by element straight into shared memory (the K tail, strided x)
+  uint4 xr[XV];
+  auto x_vec_ok = [&](int chunk) { return x_vec && (chunk + 1) * KC <= K; };
+  auto load_x = [&](int chunk) {
+    const int k0 = chunk * KC;
+#pragma unroll
+    for (int q = 0; q < XV; ++q) {
+      const int v = tid + q * THREADS;
+      const int n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
+      xr[q] = make_uint4(0u, 0u, 0u, 0u);
+      if (v < XVECS && n_cta + n < N) xr[q] = *reinterpret_cast<const uint4*>(x + (long long)(n_cta + n) * sxn + k0 + kk);
+    }
+  };
+  auto stage_x = [&](int chunk) {
+    if (x_vec_ok(chunk)) {
+#pragma unroll
+      for (int q = 0; q < XV; ++q) {
+        const int v = tid + q * THREADS;
         const int n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
-        uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (n_cta + n < N) val = *reinterpret_cast<const uint4*>(x + (long long)(n_cta + n) * sxn + k0 + kk);
-        *reinterpret_cast<uint4*>(xs + n * XS_STRIDE + kk) = val;
+        if (v < XVECS) *reinterpret_cast<uint4*>(xs + n * XS_STRIDE + kk) = xr[q];
       }
     } else {
-      for (int e = tid; e < BN * KC; e += WARPS * 32) {
+      const int k0 = chunk * KC;
+      for (int e = tid; e < BN * KC; e += THREADS) {
         const int n = e % BN, kk = e / BN;  // tokens fastest: coalesced when x's tokens are contiguous
         unsigned short val = 0;
         if (n_cta + n < N && k0 + kk < K) val = x[(long long)(n_cta + n) * sxn + (long long)(k0 + kk) * sxk];
         xs[n * XS_STRIDE + kk] = val;
       }
     }
+  };
+
+  const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
+  load_a(0);
+  if (x_vec_ok(0)) load_x(0);
+  for (int c = 0; c < chunks; ++c) {
+    stage_x(c);
     __syncthreads();
 
     uint4 cur_v[WM][KSTEPS];
@@ -132,17 +165,21 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
     for (int i = 0; i < WM; ++i)
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) cur_v[i][s] = av[i][s], cur_m[i][s] = am[i][s];
-    if (c + 1 < chunks) load_a(c + 1);  // in flight while this chunk multiplies
+    if (c + 1 < chunks) {  // in flight while this chunk multiplies
+      load_a(c + 1);
+      if (x_vec_ok(c + 1)) load_x(c + 1);
+    }
 
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
-      if (c * KSTEPS + s >= Kt) break;
+      const int ks = s * WARPS_K + warp_k;  // K step inside the chunk
+      if (c * KSTEPS * WARPS_K + ks >= Kt) break;
 #pragma unroll
       for (int j = 0; j < WN; ++j) {
         // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
         const int row = (warp_n * WN + j) * 8 + (lane & 7);
         unsigned b[4];
-        ldmatrix_x4(b, xs + row * XS_STRIDE + s * 32 + (lane >> 3) * 8);
+        ldmatrix_x4(b, xs + row * XS_STRIDE + ks * 32 + (lane >> 3) * 8);
 #pragma unroll
         for (int i = 0; i < WM; ++i) {
           const unsigned a[4] = {cur_v[i][s].x, cur_v[i][s].y, cur_v[i][s].z, cur_v[i][s].w};
@@ -151,6 +188,31 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
       }
     }
     __syncthreads();
+  }
+
+  if constexpr (WARPS_K > 1) {  // sum the K parts into the warps of part 0
+    float* red = reinterpret_cast<float*>(smem);
+    constexpr int PER_WARP = WM * WN * 4 * 32;
+    if (warp_k > 0) {
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            red[((warp_k - 1) * WARPS_MN + warp_mn) * PER_WARP + ((i * WN + j) * 4 + e) * 32 + lane] = acc[i][j][e];
+    }
+    __syncthreads();
+    if (warp_k > 0) return;
+#pragma unroll
+    for (int p = 1; p < WARPS_K; ++p)
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc[i][j][e] += red[((p - 1) * WARPS_MN + warp_mn) * PER_WARP + ((i * WN + j) * 4 + e) * 32 + lane];
   }
 
   // epilogue: lane (g, t) holds rows g, g + 8 of each slice at tokens 2t, 2t + 1
