@@ -13,10 +13,11 @@ import torch
 
 from ..formats import NM, BlockSparse, SparseFormat
 from .cusparse import cusparse_linear
-from .cusparselt import cusparselt_linear
+from .cusparselt import cusparselt_linear, cusparselt_search_linear
 from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, value_order
 
 __all__ = ["library_backends", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
+           "cusparselt_search_linear",
            "dense_sddmm", "dense_softmax", "value_order"]
 
 
@@ -27,5 +28,6 @@ def library_backends(A: SparseFormat) -> dict:
         if A.dtype != torch.bfloat16 or not isinstance(A, BlockSparse):
             found["cusparse"] = cusparse_linear
         if isinstance(A, NM) and (A.n, A.m) == (2, 4) and A.dtype in (torch.float16, torch.bfloat16):
-            found["cusparselt"] = cusparselt_linear
+            found["cusparselt"] = cusparselt_linear  # algorithm 0
+            found["cusparselt_search"] = cusparselt_search_linear  # the search's pick, when not 0
     return found

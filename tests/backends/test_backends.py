@@ -121,3 +121,28 @@ def test_stored_positions_are_memoised_with_the_pattern():
     memo = A.__dict__[dense._POSITIONS_KEY]
     B = A._with_values_trusted(backends.dense_softmax(A, 1.0))
     assert B.__dict__[dense._POSITIONS_KEY] is memo
+
+
+def test_cusparselt_offered_for_2to4_half_on_cuda_only(monkeypatch):
+    """On CUDA (faked: no kernel runs), both cuSPARSELt algorithms are offered for 2:4 fp16/bf16
+    weights only; on the CPU, never."""
+    w = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 3.0, 0.0, 0.0]]).repeat(4, 4)  # 1:4, so 2:4 too
+    made = {(n, m, dt): st.NM.from_dense(w.to(dt), n, m)
+            for n, m in ((2, 4), (1, 4)) for dt in (torch.float16, torch.bfloat16, torch.float32)}
+    for A in made.values():
+        assert backends.library_backends(A) == {"dense": backends.dense_linear}
+    monkeypatch.setattr(st.NM, "device", property(lambda self: torch.device("cuda")))
+    for (n, m, dt), A in made.items():
+        names = set(backends.library_backends(A))
+        offered = (n, m) == (2, 4) and dt != torch.float32
+        assert ({"cusparselt", "cusparselt_search"} <= names) == offered
+        assert ("cusparselt" in names or "cusparselt_search" in names) == offered
+
+
+def test_cusparselt_refuses_too_few_tokens_before_calling_it():
+    from spartune.backends import cusparselt
+
+    A = st.NM.from_dense(torch.tensor([[1.0, 0.0, 2.0, 0.0]]).repeat(8, 2).half(), 2, 4)
+    for fn in (cusparselt.cusparselt_linear, cusparselt.cusparselt_search_linear):
+        with pytest.raises(cusparselt.CusparseltUnsupported, match="at least 8 tokens"):
+            fn(A, torch.ones(1, 8, dtype=torch.float16), torch.empty(1, 8, dtype=torch.float16))
