@@ -31,3 +31,14 @@ def pattern_weight(pattern, rows, cols, sparsity=0.8, dtype=torch.float32, gen=N
 def rel_err(out, ref):
     out, ref = out.double(), ref.double()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def random_2to4(rows, cols, dtype=torch.float32, seed=0, least=0):
+    """A dense weight that is 2:4 along K: each group of 4 columns keeps between `least` and 2
+    random entries (K not a multiple of 4: the last group is cut)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-cols // 4)
+    w = torch.randn(rows, groups * 4, generator=g)
+    rank = torch.rand(rows, groups, 4, generator=g).argsort(-1).argsort(-1)
+    keep = rank < torch.randint(least, 3, (rows, groups, 1), generator=g)
+    return (w.reshape(rows, groups, 4) * keep).reshape(rows, groups * 4)[:, :cols].to(dtype)

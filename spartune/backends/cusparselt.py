@@ -25,7 +25,6 @@ records and skips.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from . import _common
 from .dense import dense_weight
@@ -37,14 +36,6 @@ MAX_GRAPHS = 8  # graphs (static outputs) per (weight, N, algorithm, bias); past
 
 class CusparseltUnsupported(RuntimeError):
     """cuSPARSELt cannot run this problem (recorded by the tuner as a failed candidate)."""
-
-
-def to_semi_structured(w: torch.Tensor):
-    """A dense 2:4 weight (fp16/bf16, CUDA) compressed for cuSPARSELt through torch's
-    semi-structured tensors (F.linear's slow transposed-output path; kept for comparison)."""
-    from torch.sparse import to_sparse_semi_structured
-
-    return to_sparse_semi_structured(w)
 
 
 def compressed(A) -> torch.Tensor:
@@ -142,8 +133,8 @@ def _product(A, x, alg: int, bias):
 
 
 def run(A, x, out, alg: int, *, bias=None, activation=None, residual=None, scale=1.0):
-    """y = epilogue(x @ A^T) through cuSPARSELt algorithm `alg`; `out` (N, M) or a tensor of its own."""
-    _check(A, x)
+    """y = epilogue(x @ A^T) through cuSPARSELt algorithm `alg`; `out` (N, M) or a tensor of its
+    own. The caller has run `_check`."""
     fuse_bias = bias is not None and scale == 1.0 and bias.dtype == A.dtype
     yt = _product(A, x, alg, bias if fuse_bias else None)  # (M, N), handed out as is
     whole = activation is None and residual is None and scale == 1.0 and (bias is None or fuse_bias) \
@@ -158,6 +149,7 @@ def run(A, x, out, alg: int, *, bias=None, activation=None, residual=None, scale
 
 def cusparselt_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
     """cuSPARSELt 2:4, algorithm 0, for 2:4 fp16/bf16 weights only."""
+    _check(A, x)
     return run(A, x, out, 0, bias=bias, activation=activation, residual=residual, scale=scale)
 
 
@@ -169,9 +161,3 @@ def cusparselt_search_linear(A, x, out, *, bias=None, activation=None, residual=
     if alg == 0:
         raise CusparseltUnsupported("cuSPARSELt's search picked algorithm 0: the same as 'cusparselt'")
     return run(A, x, out, alg, bias=bias, activation=activation, residual=residual, scale=scale)
-
-
-def semi_structured_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
-    """The former path (torch's semi-structured tensors + F.linear), for comparison only."""
-    ws = _common.cached(A, "cusparselt", lambda: to_semi_structured(dense_weight(A)))
-    return _common.finish(F.linear(x, ws), out, bias, activation, residual, scale)

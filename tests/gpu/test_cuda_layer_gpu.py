@@ -20,13 +20,8 @@ DTYPES = [torch.float16, torch.bfloat16]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
+def _fresh_cache(private_cache):
     """A fresh cubin cache directory for this module (and the subprocess it starts)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("spartune-cache")))
-        R.set_cache(None)
-        yield
-    R.set_cache(None)
 
 
 def tile_instance(dtype, **extra):

@@ -5,29 +5,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import helpers
 import spartune as st
 from spartune import backends
 from spartune.backends import cusparselt as L
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_cache")]
 
 DTYPES = [torch.float16, torch.bfloat16]
 TOL = 1e-2
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("spartune-cache")))
-        yield
-
-
 BACKENDS = {"cusparselt": L.cusparselt_linear, "cusparselt_search": L.cusparselt_search_linear}
 
 
 def random_2to4(rows, cols, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(rows, cols // 4, 4, generator=g)
-    keep = torch.rand(rows, cols // 4, 4, generator=g).argsort(-1).argsort(-1) < 2
-    return (w * keep).reshape(rows, cols).to(dtype).cuda()
+    return helpers.random_2to4(rows, cols, dtype, seed, least=2).cuda()
 
 
 def rel_err(y, ref):

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import helpers
 import spartune as st
 from spartune.kernels import spmm_nm as K
-from spartune.kernels.cuda import runtime as R
 from spartune.tune.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -16,24 +16,14 @@ TOL = 1e-2
 
 
 @pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("spartune-cache")))
-        R.set_cache(None)
-        K._kernels.clear()
-        yield
-    R.set_cache(None)
+def _fresh_cache(private_cache):
+    K._kernels.clear()
+    yield
     K._kernels.clear()
 
 
 def random_2to4(rows, cols, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    groups = -(-cols // 4)
-    w = torch.randn(rows, groups * 4, generator=g)
-    rank = torch.rand(rows, groups, 4, generator=g).argsort(-1).argsort(-1)
-    keep = rank < torch.randint(1, 3, (rows, groups, 1), generator=g)
-    w = (w.reshape(rows, groups, 4) * keep).reshape(rows, groups * 4)[:, :cols]
-    return w.to(dtype).cuda()
+    return helpers.random_2to4(rows, cols, dtype, seed, least=1).cuda()
 
 
 ACTS = {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),

@@ -2,22 +2,13 @@
 mma.sp, space/features sanity, availability, registry and the dense fallback."""
 import pytest
 import torch
+from helpers import random_2to4
 
 import spartune as st
 from spartune.kernels import registry
 from spartune.kernels import spmm_nm as K
 from spartune.kernels.cuda import emulate as E
 from spartune.tune.problem import Problem
-
-
-def random_2to4(rows, cols, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    groups = -(-cols // 4)
-    w = torch.randn(rows, groups * 4, generator=g)
-    rank = torch.rand(rows, groups, 4, generator=g).argsort(-1).argsort(-1)
-    keep = rank < torch.randint(0, 3, (rows, groups, 1), generator=g)
-    w = (w.reshape(rows, groups, 4) * keep).reshape(rows, groups * 4)[:, :cols]
-    return w.to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -50,7 +50,7 @@ class Instance:
     """One compiled variant of a template: hashable, so a process loads it once."""
 
     template: str  # file name under src/
-    kernel: str  # an extern "C" __global__ function of it
+    kernel: str  # the name of a kernel entry point in it (declared with C linkage: unmangled)
     defines: tuple = ()  # sorted (name, value) compile-time constants, emitted as -Dname=value
     arch_specific: bool = False  # compile for sm_XXa (wgmma, setmaxnreg, ...)
     options: tuple = ()  # sorted (field, value) extra cuda.core ProgramOptions

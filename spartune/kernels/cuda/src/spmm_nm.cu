@@ -193,6 +193,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   if constexpr (WARPS_K > 1) {  // sum the K parts into the warps of part 0
     float* red = reinterpret_cast<float*>(smem);
     constexpr int PER_WARP = WM * WN * 4 * 32;
+    // where K part p (>= 1) of this warp's slice leaves accumulator (i, j, e) of this lane
+    auto slot = [&](int p, int i, int j, int e) {
+      return ((p - 1) * WARPS_MN + warp_mn) * PER_WARP + ((i * WN + j) * 4 + e) * 32 + lane;
+    };
     if (warp_k > 0) {
 #pragma unroll
       for (int i = 0; i < WM; ++i)
@@ -200,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         for (int j = 0; j < WN; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            red[((warp_k - 1) * WARPS_MN + warp_mn) * PER_WARP + ((i * WN + j) * 4 + e) * 32 + lane] = acc[i][j][e];
+            red[slot(warp_k, i, j, e)] = acc[i][j][e];
     }
     __syncthreads();
     if (warp_k > 0) return;
@@ -212,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         for (int j = 0; j < WN; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            acc[i][j][e] += red[((p - 1) * WARPS_MN + warp_mn) * PER_WARP + ((i * WN + j) * 4 + e) * 32 + lane];
+            acc[i][j][e] += red[slot(p, i, j, e)];
   }
 
   // epilogue: lane (g, t) holds rows g, g + 8 of each slice at tokens 2t, 2t + 1
