@@ -99,6 +99,23 @@ def find_choice(A, n: int, dtype: str, op: str = "linear"):
     return get_tuner().cached(key)
 
 
+def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
+    """(dense seconds / best predicted seconds, the backend predicted best) for linear(x with n
+    rows, A) on the tuner's device, by the cost model alone (nothing runs): what sparsify's dry
+    run reports. Every family that serves A counts, whether or not it can run here."""
+    from .tune.device import dtype_name
+
+    dtype = dtype_name(dtype or (A.dtype if A.dtype != torch.float64 else torch.float32))
+    problem = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device))
+    tuner = get_tuner()
+    ours = {f: None for f in registry.families("linear", A)}
+    times: dict[str, float] = {}
+    for c in candidates(problem, ours, {"dense": None}, device=tuner.device):
+        times[c.backend] = min(tuner.predicted(c, dtype), times.get(c.backend, float("inf")))
+    best = min(times, key=times.get)
+    return times["dense"] / times[best], best
+
+
 # --- linear and spmm ---------------------------------------------------------------------------
 def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0) -> tuple[dict, dict]:
     """(ours, library): every way to compute `out` = linear(x, A, ...), as {family: run(config)}
@@ -119,6 +136,9 @@ def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residu
     """A call key seen for the first time: tune it, cache its launcher. A family may memoise
     layouts on the weight while the tuner measures (spmm_csr's banded ELL copy); its
     `release_unused` drops those that no config chosen for this weight reads."""
+    if x.dtype == torch.float64:  # no kernel runs float64: torch's dense product (gradcheck, references)
+        st.launchers[key] = launcher = _dense_launcher
+        return launcher
     ours, library = linear_runs(A, x, out, bias, activation, residual, scale)
     epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0)
     choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
@@ -138,6 +158,10 @@ def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residu
             A, x, out, bias=bias, activation=act, residual=res, scale=scale)
     st.launchers[key] = launcher
     return launcher
+
+
+def _dense_launcher(A, x, out, bias, act, res, scale):
+    return backends.dense_linear(A, x, out, bias=bias, activation=act, residual=res, scale=scale)
 
 
 def _layout(x) -> str:
@@ -166,6 +190,8 @@ def sparse_softmax(st: WeightState, A, scale: float):
 def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
     """An op whose result is new values for `pattern`: its cached choice, or the tuner's. Its
     Problem is (m, k) = the pattern's shape and n = the shared dimension D (sddmm) or 1."""
+    if dtype == torch.float64:
+        return pattern._with_values_trusted(dense())
     choice = st.chosen.get(key)
     if choice is None:
         ours = {f: (lambda cfg, f=f: run(f, cfg)) for f in registry.families(op, pattern) if f.available(pattern.device)}

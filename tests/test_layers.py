@@ -15,6 +15,7 @@ LAYERS = [
     {"kernels", "backends"},
     {"dispatch"},
     {"ops"},
+    {"library"},
     {"nn"},
     {"bench"},
     {"cli"},

@@ -1,23 +1,20 @@
-"""What every library backend shares: weight conversions cached per format object, torch's
-sparse warnings silenced, and the epilogue as separate torch ops."""
+"""What every library backend shares: weight conversions cached per format object (and version
+of its values), torch's sparse warnings silenced, and the epilogue as separate torch ops."""
 from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
+
+import torch
 
 from ..epilogue import apply_epilogue
-from ..formats import SparseFormat
-
-_converted: "weakref.WeakKeyDictionary[SparseFormat, dict]" = weakref.WeakKeyDictionary()
+from ..formats import SparseFormat, memo
 
 
 def cached(A: SparseFormat, what: str, make):
-    """`make()` once per (format object, what); dropped with the format."""
-    per = _converted.setdefault(A, {})
-    if what not in per:
-        per[what] = make()
-    return per[what]
+    """`make()` once per (format object, what), made again when A's values change in place (a
+    converted copy of the weight would be stale); dropped with the format."""
+    return memo(A, f"_backend_{what}", make)
 
 
 @contextlib.contextmanager
@@ -34,6 +31,7 @@ def finish(acc, out, bias, activation, residual, scale):
     if bias is None and activation is None and residual is None and scale == 1.0:
         out.copy_(acc)
     else:
-        out.copy_(apply_epilogue(acc.float(), None if bias is None else bias.float(), activation,
-                                 None if residual is None else residual.float(), scale))
+        wide = torch.promote_types(acc.dtype, torch.float32)  # fp32 math, float64 kept
+        out.copy_(apply_epilogue(acc.to(wide), None if bias is None else bias.to(wide), activation,
+                                 None if residual is None else residual.to(wide), scale))
     return out

@@ -2,7 +2,8 @@
 
 Besides the formats, the helpers other layers share (pruning, kernels, benchmarks): block sizes,
 ceil_div, the unit of every item, and PATTERN_CACHES (memos on a format that depend on its
-pattern only, so that a format with new values keeps them)."""
+pattern only, so that a format with new values keeps them); `transposed`, the format of A^T
+that backward passes multiply by."""
 from ._base import (
     BLOCK_SIZES,
     PATTERN_CACHES,
@@ -11,12 +12,16 @@ from ._base import (
     ceil_div,
     check_block_size,
     check_dense_weight,
+    format_class,
+    memo,
     unit_of_items,
 )
 from .blocked import BlockSparse
 from .csr import CSR
 from .nm import NM, VNM
 from .shuffled import ShuffledBlock
+from .transpose import transposed
 
 __all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
-           "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "unit_of_items"]
+           "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "format_class", "memo", "transposed",
+           "unit_of_items"]

@@ -6,6 +6,7 @@ object that exists is a valid one; `from_dense` is the friendly way in.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 import torch
@@ -153,6 +154,37 @@ def ceil_div(a: int, b: int) -> int:
 PATTERN_CACHES = {"_stats"}
 
 
+def memo(A, key: str, make, *, of_values: bool = True):
+    """`make()` memoised on the format object `A` under `key`. A memo built from the values
+    (`of_values`, the default: a dense copy, a packed layout) is made again once they change in
+    place (an optimizer step, `A.values.mul_`); one of the pattern alone is kept, and carried
+    to the same pattern with new values (PATTERN_CACHES)."""
+    version = A.values._version if of_values else None
+    entry = A.__dict__.get(key)
+    if entry is None or entry[0] != version:
+        if not of_values:
+            PATTERN_CACHES.add(key)
+        with torch.no_grad():  # a memo is a copy for the kernels, never part of an autograd graph
+            entry = (version, make())
+        object.__setattr__(A, key, entry)
+    return entry[1]
+
+
+STATIC_FIELDS = {"shape", "block", "v", "n", "m"}  # the non-tensor fields a format may have
+FORMATS: dict[str, type] = {}  # class name -> format class, filled as subclasses are defined
+
+
+def format_class(spec: str) -> type:
+    """The format class a spec names."""
+    try:
+        name = json.loads(spec)["format"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(f"not a spartune format spec: {spec!r}") from None
+    if name not in FORMATS:
+        raise ValueError(f"unknown sparse format {name!r} in spec; known: {sorted(FORMATS)}")
+    return FORMATS[name]
+
+
 class SparseFormat:
     """Mixin for the frozen dataclasses in this package.
 
@@ -162,6 +194,10 @@ class SparseFormat:
 
     shape: tuple[int, int]
     values: torch.Tensor
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        FORMATS[cls.__name__] = cls
 
     def __post_init__(self):
         check_shape(self.shape)
@@ -209,6 +245,30 @@ class SparseFormat:
         """Boolean (rows, cols): where the pattern stores an entry (explicit zeros included)."""
         return self._scatter(torch.ones_like(self.values)).to(torch.bool)
 
+    def stored_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order, flat), int64 (nnz,) each: the stored entries inside the matrix (explicit
+        zeros included, padding slots not), in row-major order of (row, col), as their slots in
+        `values.reshape(-1)` and their flat positions in the dense (rows, cols) matrix. A
+        pattern memo: gathers (sddmm / softmax fallbacks, weight gradients) reuse it every call."""
+
+        def make():
+            mask = self.mask()
+            slots = torch.arange(self.values.numel(), device=self.device, dtype=torch.float64)
+            return self._scatter(slots.reshape(self.values.shape))[mask].long(), mask.reshape(-1).nonzero().squeeze(1)
+
+        return memo(self, "_stored_positions", make, of_values=False)
+
+    def gather(self, dense: torch.Tensor) -> torch.Tensor:
+        """Values for this pattern read off a dense (rows, cols) tensor (in its dtype): the entry
+        at every stored position, zero in padding slots. The adjoint of `_scatter`, so the weight
+        gradient of y = x @ A^T is `A.gather(dy^T @ x)`; also sddmm's dense fallback."""
+        if tuple(dense.shape) != self.shape:
+            raise ValueError(f"dense must have shape {self.shape}, got {tuple(dense.shape)}")
+        order, flat = self.stored_positions()
+        out = dense.new_zeros(self.values.numel())
+        out[order] = dense.reshape(-1)[flat]
+        return out.reshape(self.values.shape)
+
     def with_values(self, values: torch.Tensor) -> "SparseFormat":
         """Same pattern, new values (the result of an SDDMM, a cast, ...)."""
         if tuple(values.shape) != tuple(self.values.shape):
@@ -227,6 +287,49 @@ class SparseFormat:
         object.__setattr__(new, "values", values.contiguous())
         for key in PATTERN_CACHES.intersection(self.__dict__):
             object.__setattr__(new, key, self.__dict__[key])
+        return new
+
+    # --- a format as plain tensors and a string (torch.library operators, state_dict) ----------
+    @property
+    def spec(self) -> str:
+        """The format's class and static fields (shape, block, ...) as JSON: with `tensor_list()`
+        all it takes to rebuild it (`from_spec`)."""
+        cached = self.__dict__.get("_spec")
+        if cached is None:
+            static = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                      if not isinstance(getattr(self, f.name), torch.Tensor)}
+            cached = json.dumps({"format": type(self).__name__, **static}, separators=(",", ":"))
+            object.__setattr__(self, "_spec", cached)
+        return cached
+
+    @classmethod
+    def tensor_fields(cls) -> tuple[str, ...]:
+        """Names of the tensor fields, `values` first (the order of `tensor_list`)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in STATIC_FIELDS]
+        return ("values", *(n for n in names if n != "values"))
+
+    def tensor_list(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self.tensor_fields()]
+
+    @staticmethod
+    def from_spec(spec: str, tensors, *, trusted: bool = False) -> "SparseFormat":
+        """The format `spec` describes over `tensors` (in `tensor_fields` order, or a dict by
+        name). Validated unless `trusted` (tensors taken from a format that was)."""
+        cls = format_class(spec)
+        fields = json.loads(spec)
+        del fields["format"]
+        names = cls.tensor_fields()
+        if not isinstance(tensors, dict):
+            tensors = list(tensors)
+            if len(tensors) != len(names):
+                raise ValueError(f"{cls.__name__} needs {len(names)} tensors {names}, got {len(tensors)}")
+            tensors = dict(zip(names, tensors))
+        static = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        if not trusted:
+            return cls(**static, **tensors)
+        new = object.__new__(cls)
+        for name, value in {**static, **tensors}.items():
+            object.__setattr__(new, name, value)
         return new
 
     def _tensors(self) -> dict[str, torch.Tensor]:
@@ -250,6 +353,8 @@ class SparseFormat:
 
 __all__ = [
     "FormatStats",
+    "memo",
+    "format_class",
     "SparseFormat",
     "ceil_div",
     "check_block_size",

@@ -18,8 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import CSR
-from ..formats import unit_of_items
+from ..formats import CSR, memo, unit_of_items
 
 ELL_BANDS = 8
 ELL_GRANULE = 32  # rows per band boundary: every block_m of the ell path divides it
@@ -35,8 +34,7 @@ class BandedELL:
     values: torch.Tensor  # A.values' dtype, (entries,): padding holds 0
     rows: torch.Tensor  # int32 (rows,): the row at each position of the longest-first order
     bands: tuple  # (first position of bands 1..ELL_BANDS-1, widths of bands 0..ELL_BANDS-1)
-    entries: int  # stored entries, padding included
-    version: int  # A.values._version it copied: an in-place update of the values rebuilds it
+    entries: int  # stored entries, padding included (memo() rebuilds it when A's values change)
 
 
 def band_layout(lengths_desc: list[int], rows: int) -> tuple[list[int], list[int], list[int]]:
@@ -57,9 +55,10 @@ def band_layout(lengths_desc: list[int], rows: int) -> tuple[list[int], list[int
 def banded_ell(A: CSR) -> BandedELL:
     """Built with a few torch ops (one host sync for the band table) on first use and memoised
     on the format object until its values change in place."""
-    cached = A.__dict__.get(_ELL_KEY)
-    if cached is not None and cached.version == A.values._version:
-        return cached
+    return memo(A, _ELL_KEY, lambda: _build(A))
+
+
+def _build(A: CSR) -> BandedELL:
     rows, ncols = A.shape
     dev = A.crow.device
     lengths = A.row_lengths().long()
@@ -85,9 +84,7 @@ def banded_ell(A: CSR) -> BandedELL:
     # unused bands start past the last position (never taken) and are empty
     pad = -(-rows // ELL_GRANULE) * ELL_GRANULE
     table = tuple(starts[1:]) + (pad,) * (ELL_BANDS - len(starts)) + tuple(widths) + (0,) * (ELL_BANDS - len(widths))
-    out = BandedELL(cols, vals, order.to(torch.int32), table, entries, A.values._version)
-    object.__setattr__(A, _ELL_KEY, out)
-    return out
+    return BandedELL(cols, vals, order.to(torch.int32), table, entries)
 
 
 def drop_banded_ell(A: CSR) -> None:

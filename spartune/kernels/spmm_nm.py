@@ -16,6 +16,7 @@ import torch
 
 from . import cuda
 from ._epilogue import ACTIVATION_CODES
+from ..formats import memo
 from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
@@ -124,26 +125,26 @@ _META_LANES = [4 * g + h for g in range(8) for h in range(2)]
 
 def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(values (Mt, Kt, 32, 8), metadata (Mt, Kt, 16) int32, Mt, Kt) in mma.sp's register order,
-    built once per (immutable) weight: rows padded to 16 and K to 32 with zeros."""
-    cached = A.__dict__.get("_nm_packed")
-    if cached is None:
-        from .cuda.sparse_mma import pack_compressed
+    built once per weight (and values version): rows padded to 16 and K to 32 with zeros."""
+    if (A.n, A.m) != (2, 4):
+        raise ValueError(f"spmm_nm runs 2:4 weights, got {A.n}:{A.m}")
+    return memo(A, "_nm_packed", lambda: _pack(A))
 
-        if (A.n, A.m) != (2, 4):
-            raise ValueError(f"spmm_nm runs 2:4 weights, got {A.n}:{A.m}")
-        rows, cols = A.shape
-        mt, kt = math.ceil(rows / 16), math.ceil(cols / 32)
-        kept = A.values.shape[1]
-        pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
-        values = torch.nn.functional.pad(A.values, (0, pad_k, 0, pad_r))
-        idx = A.idx.to(torch.int64)
-        fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
-        idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
-        idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)
-        v, meta = pack_compressed(values, idx)
-        cached = (v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt)
-        object.__setattr__(A, "_nm_packed", cached)
-    return cached
+
+def _pack(A):
+    from .cuda.sparse_mma import pack_compressed
+
+    rows, cols = A.shape
+    mt, kt = math.ceil(rows / 16), math.ceil(cols / 32)
+    kept = A.values.shape[1]
+    pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
+    values = torch.nn.functional.pad(A.values, (0, pad_k, 0, pad_r))
+    idx = A.idx.to(torch.int64)
+    fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
+    idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
+    idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)
+    v, meta = pack_compressed(values, idx)
+    return v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt
 
 
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel

@@ -1,76 +1,180 @@
-"""SparseLinear: an nn.Linear whose weight is a spartune format; sparsify(): swap them in."""
+"""SparseLinear: an nn.Linear whose weight is a spartune format, with all that PyTorch expects of a
+layer: state_dict, autograd, torch.compile, CUDA graphs, `.to()`."""
 from __future__ import annotations
-
-import dataclasses
-from typing import Callable
 
 import torch
 from torch import nn
 
-from .. import ops
-from ..formats import SparseFormat
-from ..prune import PruneReport, sparsify_weight
+from .. import library, ops
+from ..formats import SparseFormat, format_class
+from ..prune import sparsify_weight
+
+_SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
 
 
 class SparseLinear(nn.Module):
     """y = x @ W^T + b with W held in a sparse format; every call goes through the tuned
     dispatch, so it runs the fastest kernel for its shape (dense cuBLAS included).
 
-    `.to()`, `.half()`, `.cuda()` move and cast the format like any parameter (index tensors
-    keep their integer types). Inference only: the sparse weight takes no gradient.
+    The format's tensors are the module's state: its values a Parameter (`weight_values`, which
+    autograd and optimizers update; the pattern stays fixed), its index tensors buffers
+    (`weight_<name>`), and its kind and static fields (the spec) the module's extra state, a
+    uint8 tensor of JSON so that a state_dict is tensors only (safetensors takes it as is).
+    `.to()`, `.half()`, `.cuda()` move and cast it like any parameter (index tensors keep their
+    integer types). `weight` is the format object.
     """
 
-    def __init__(self, weight: SparseFormat, bias: torch.Tensor | None = None):
+    def __init__(self, weight: SparseFormat, bias: torch.Tensor | None = None, *, requires_grad: bool = False):
         super().__init__()
         if not isinstance(weight, SparseFormat):
             raise TypeError(f"weight must be a spartune format, got {type(weight).__name__}")
-        self.weight = weight
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self._adopt(weight, requires_grad)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=requires_grad)
+
+    def _adopt(self, fmt: SparseFormat, requires_grad: bool) -> None:
+        """Register fmt's tensors as this module's state and `fmt` (over them) as its weight."""
+        names = fmt.tensor_fields()
+        for name in getattr(self, "_weight_names", ()):
+            delattr(self, f"weight_{name}")
+        self.weight_values = nn.Parameter(fmt.values.detach(), requires_grad=requires_grad)
+        for name in names[1:]:
+            self.register_buffer(f"weight_{name}", getattr(fmt, name))
+        self._weight_names = names
+        self._rebind(fmt.spec)
+
+    def _rebind(self, spec: str) -> None:
+        """The format object over the module's current tensors (trusted: they are the checked
+        format's, moved or cast), found by the operators for its tuned choices and memos."""
+        tensors = [getattr(self, f"weight_{name}") for name in self._weight_names]
+        old = self.__dict__.get("_weight")
+        if old is None or any(a is not b for a, b in zip(old.tensor_list(), tensors)):
+            self._weight = library.bind(SparseFormat.from_spec(spec, tensors, trusted=True))
+
+    @property
+    def weight(self) -> SparseFormat:
+        return self._weight
 
     @property
     def in_features(self) -> int:
-        return self.weight.shape[1]
+        return self._weight.shape[1]
 
     @property
     def out_features(self) -> int:
-        return self.weight.shape[0]
+        return self._weight.shape[0]
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, pattern, sparsity: float | None = None, *, return_report=False):
-        """Prune `linear`'s weight by magnitude into `pattern` (see sparsify_weight)."""
+        """Prune `linear`'s weight by magnitude into `pattern` (see sparsify_weight); the
+        layer trains if the linear's weight did."""
         fmt, report = sparsify_weight(linear.weight.detach(), pattern, sparsity, return_report=True)
-        layer = cls(fmt, None if linear.bias is None else linear.bias.detach())
+        layer = cls(fmt, None if linear.bias is None else linear.bias.detach(),
+                    requires_grad=linear.weight.requires_grad)
         return (layer, report) if return_report else layer
 
+    @classmethod
+    def from_state_dict(cls, state_dict: dict, prefix: str = "") -> "SparseLinear":
+        """A layer rebuilt from a state_dict alone (one saved from a SparseLinear)."""
+        spec = _spec_of(state_dict, prefix)
+        if spec is None:
+            raise KeyError(f"no spartune weight in this state_dict under {prefix!r} (no {prefix}{_SPEC_KEY})")
+        names = format_class(spec).tensor_fields()
+        missing = [prefix + f"weight_{n}" for n in names if prefix + f"weight_{n}" not in state_dict]
+        if missing:
+            raise KeyError(f"state_dict lacks {missing}")
+        fmt = SparseFormat.from_spec(spec, {n: state_dict[prefix + f"weight_{n}"] for n in names})
+        return cls(fmt, state_dict.get(prefix + "bias"))
+
+    def tied_copy(self, bias: torch.Tensor | None) -> "SparseLinear":
+        """A layer sharing this one's sparse weight (the same Parameter and buffers, as tied
+        nn.Linear weights share theirs), with `bias` (a Parameter is shared, a tensor copied)."""
+        new = SparseLinear.__new__(SparseLinear)
+        nn.Module.__init__(new)
+        new.weight_values = self.weight_values
+        for name in self._weight_names[1:]:
+            new.register_buffer(f"weight_{name}", getattr(self, f"weight_{name}"))
+        new._weight_names, new._weight = self._weight_names, self._weight
+        if bias is not None and not isinstance(bias, nn.Parameter):
+            bias = nn.Parameter(bias.detach().clone(), requires_grad=self.weight_values.requires_grad)
+        new.bias = bias
+        return new
+
+    # --- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return ops.linear(x, self.weight, bias)
+        bias = self.bias
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
+                x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):
+            # the operator, over the module's own tensors (what torch.compile lifts as inputs)
+            tensors = [getattr(self, f"weight_{name}") for name in self._weight_names]
+            return library.linear_op(x, tensors, self._weight.spec, bias)
+        return ops.linear(x, self._weight, bias)
+
+    # --- state ---------------------------------------------------------------------------------------
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.frombuffer(bytearray(self._weight.spec.encode()), dtype=torch.uint8)
+
+    def set_extra_state(self, state) -> None:  # _load_from_state_dict below reads the spec itself
+        pass
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Rebuild the format from the saved tensors (validated), kept on this layer's device and
+        dtype, never copied into the old pattern: another pattern, shape or format is either
+        adopted whole or refused with a message."""
+        mine = [k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]]
+        spec = _spec_of(state_dict, prefix)
+        if spec is None:
+            missing_keys.append(prefix + _SPEC_KEY)
+            if any(k == prefix + "weight" for k in mine):
+                error_msgs.append(f"{prefix}weight is a dense tensor: this state_dict holds an nn.Linear, not a "
+                                  "spartune SparseLinear (prune it with SparseLinear.from_linear instead)")
+            return
+        try:
+            names = format_class(spec).tensor_fields()
+        except ValueError as e:
+            error_msgs.append(f"{prefix}{_SPEC_KEY}: {e}")
+            return
+        wanted = {f"weight_{n}" for n in names} | {_SPEC_KEY} | ({"bias"} if self.bias is not None else set())
+        unexpected_keys.extend(k for k in mine if k[len(prefix):] not in wanted)
+        absent = [prefix + k for k in sorted(wanted) if prefix + k not in state_dict]
+        if absent:
+            missing_keys.extend(absent)
+            return
+        current = self._weight
+        try:
+            fmt = SparseFormat.from_spec(spec, {n: state_dict[prefix + f"weight_{n}"].to(current.device) for n in names})
+        except (TypeError, ValueError) as e:
+            error_msgs.append(f"{prefix}: the saved sparse weight is not valid: {e}")
+            return
+        if fmt.shape != current.shape:
+            error_msgs.append(f"size mismatch for {prefix}weight: the saved weight is {fmt.shape[0]}x{fmt.shape[1]}, "
+                              f"this layer's is {current.shape[0]}x{current.shape[1]}")
+            return
+        if self.bias is not None:
+            saved_bias = state_dict[prefix + "bias"]
+            if saved_bias.shape != self.bias.shape:
+                error_msgs.append(f"size mismatch for {prefix}bias: copying a param with shape {tuple(saved_bias.shape)}, "
+                                  f"the shape in current model is {tuple(self.bias.shape)}")
+                return
+            with torch.no_grad():
+                self.bias.copy_(saved_bias)
+        fmt = fmt.with_values(fmt.values.to(current.dtype)) if fmt.dtype != current.dtype else fmt
+        self._adopt(fmt, self.weight_values.requires_grad)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        tensors = self.weight._tensors()
-        moved = {name: fn(t) for name, t in tensors.items()}
-        if any(moved[name] is not t for name, t in tensors.items()):
-            # a new weight object (re-validated); an unchanged one keeps its tuned choices and caches
-            self.weight = dataclasses.replace(self.weight, **moved)
+        self._rebind(self._weight.spec)  # a moved or cast format is a new object (tuned again, for its dtype)
         return self
 
     def extra_repr(self) -> str:
-        return f"{self.weight!r}, bias={self.bias is not None}"
+        return f"{self._weight!r}, bias={self.bias is not None}"
 
 
-def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
-             filter_fn: Callable[[str, nn.Linear], bool] | None = None) -> dict[str, PruneReport]:
-    """Replace, in place, every nn.Linear of `model` (that `filter_fn(name, module)` accepts)
-    by a SparseLinear pruned into `pattern`. Returns each layer's PruneReport by name."""
-    reports = {}
-    targets = [(name, m) for name, m in model.named_modules()
-               if type(m) is nn.Linear and (filter_fn is None or filter_fn(name, m))]
-    for name, linear in targets:
-        layer, reports[name] = SparseLinear.from_linear(linear, pattern, sparsity, return_report=True)
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, layer.to(linear.weight.device))
-    return reports
+def _spec_of(state_dict, prefix: str) -> str | None:
+    raw = state_dict.get(prefix + _SPEC_KEY)
+    if raw is None:
+        return None
+    if isinstance(raw, torch.Tensor):
+        return bytes(raw.to("cpu", torch.uint8).tolist()).decode()
+    return str(raw)

@@ -1,0 +1,206 @@
+"""spartune's ops as PyTorch operators (torch.library): what torch.compile traces as one node
+with no graph break, CUDA graphs capture, and autograd differentiates.
+
+An operator takes tensors and plain values only, so a sparse weight travels as its tensors
+(`A.tensor_list()`) and its spec (`A.spec`, a string). The implementation finds the format
+object that owns memory at those addresses, so the tuned choices and layouts cached on it serve
+every call, including from a compiled graph that hands over aliases of the module's buffers;
+tensors it has never seen are wrapped in a (validated) format once.
+
+The public functions choose the route: a plain eager call (nothing to differentiate, not
+traced) goes straight to `ops`, the least host time; a traced call, or one autograd records,
+goes through the operator. The tuned choice is made by the operator's implementation at run
+time, outside any traced region; under a CUDA-graph capture it must already be made (a warm-up
+call does it, as torch.compile's "reduce-overhead" mode makes one).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import weakref
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import ops
+from .epilogue import apply_epilogue, check_activation
+from .formats import CSR, BlockSparse, SparseFormat, transposed
+
+# --- from tensors back to their format -------------------------------------------------------------
+_by_address: "weakref.WeakValueDictionary[tuple, SparseFormat]" = weakref.WeakValueDictionary()
+_rebuilt: collections.deque = collections.deque(maxlen=64)  # keeps formats made from unseen tensors alive
+
+
+def bind(A: SparseFormat) -> SparseFormat:
+    """Make `A` the format the operators find for its tensors (its tuned choices, its memos)."""
+    _by_address[_address(A.spec, A.tensor_list())] = A
+    return A
+
+
+def _address(spec: str, tensors) -> tuple:
+    return (spec, *(t.data_ptr() for t in tensors))
+
+
+def format_of(tensors: list[Tensor], spec: str) -> SparseFormat:
+    """The live format whose tensors sit at these addresses with these shapes, or a new one."""
+    A = _by_address.get(_address(spec, tensors))
+    if A is not None and all(a is b or (a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride())
+                             for a, b in zip(A.tensor_list(), tensors)):
+        return A
+    A = SparseFormat.from_spec(spec, tensors)
+    _rebuilt.append(A)
+    return bind(A)
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(spec: str) -> tuple[int, int]:
+    return tuple(json.loads(spec)["shape"])
+
+
+# --- the operators ---------------------------------------------------------------------------------
+@torch.library.custom_op("spartune::linear", mutates_args=())
+def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
+            residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
+    y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
+    return y if y._base is None else y.clone()  # an operator returns memory of its own
+
+
+@_linear.register_fake
+def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
+    rows, cols = _shape(spec)
+    if x.shape[-1] != cols:
+        raise ValueError(f"x must have last dimension {cols}, got shape {tuple(x.shape)}")
+    return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("spartune::spmm", mutates_args=())
+def _spmm(weight: list[Tensor], spec: str, X: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return ops.spmm(format_of(weight, spec), X, out_dtype=out_dtype)
+
+
+@_spmm.register_fake
+def _(weight, spec, X, out_dtype):
+    rows, cols = _shape(spec)
+    if X.dim() != 2 or X.shape[0] != cols:
+        raise ValueError(f"X must have shape ({cols}, N), got {tuple(X.shape)}")
+    return X.new_empty((rows, X.shape[1]), dtype=out_dtype or X.dtype)
+
+
+@torch.library.custom_op("spartune::linear_grad_input", mutates_args=())
+def _grad_input(dy: Tensor, weight: list[Tensor], spec: str) -> Tensor:
+    """dy @ A: linear with A's transpose (a format built once per weight, values refreshed)."""
+    A = format_of(weight, spec)
+    return ops.linear(dy.to(A.dtype), transposed(A))
+
+
+@_grad_input.register_fake
+def _(dy, weight, spec):
+    return dy.new_empty((*dy.shape[:-1], _shape(spec)[1]), dtype=weight[0].dtype)
+
+
+@torch.library.custom_op("spartune::linear_grad_weight", mutates_args=())
+def _grad_weight(dy: Tensor, x: Tensor, weight: list[Tensor], spec: str) -> Tensor:
+    """The gradient of A's values, (dy^T @ x) at A's stored positions only (the pattern stays
+    fixed): an SDDMM where a kernel serves the format, else the dense product gathered."""
+    A = format_of(weight, spec)
+    dy2 = dy.reshape(-1, dy.shape[-1]).to(A.dtype)
+    x2 = x.reshape(-1, x.shape[-1]).to(A.dtype)
+    if isinstance(A, (CSR, BlockSparse)) and A.dtype != torch.float64:
+        return ops.sddmm(dy2.T.contiguous(), x2.T.contiguous(), A).values
+    wide = torch.promote_types(A.dtype, torch.float32)
+    return A.gather(dy2.to(wide).T @ x2.to(wide)).to(A.dtype)
+
+
+@_grad_weight.register_fake
+def _(dy, x, weight, spec):
+    return torch.empty_like(weight[0])
+
+
+def _save_linear(ctx, inputs, output):
+    x, weight, spec, bias, activation, residual, scale, out_dtype = inputs
+    if activation is not None:
+        ctx.mark_non_differentiable(output)  # linear() unfuses the activation when autograd records
+    ctx.save_for_backward(x, *weight)
+    ctx.spec, ctx.scale = spec, scale
+
+
+def _linear_backward(ctx, dy):
+    x, *weight = ctx.saved_tensors
+    need_x, need_w, _, need_bias, _, need_res, _, _ = ctx.needs_input_grad
+    dx = dw = dbias = dres = None
+    if need_x:
+        dx = _grad_input(dy, weight, ctx.spec).mul_(ctx.scale).to(x.dtype)
+    if need_w[0]:
+        dw = [_grad_weight(dy, x, weight, ctx.spec).mul_(ctx.scale)] + [None] * (len(weight) - 1)
+    if need_bias:
+        dbias = dy.reshape(-1, dy.shape[-1]).sum(0)
+    if need_res:
+        dres = dy
+    return dx, dw, None, dbias, None, dres, None, None
+
+
+_linear.register_autograd(_linear_backward, setup_context=_save_linear)
+
+
+def _save_spmm(ctx, inputs, output):
+    weight, spec, X, out_dtype = inputs
+    ctx.save_for_backward(X, *weight)
+    ctx.spec = spec
+
+
+def _spmm_backward(ctx, dY):
+    X, *weight = ctx.saved_tensors
+    need_w, _, need_X, _ = ctx.needs_input_grad
+    dw = dX = None
+    if need_w[0]:  # Y^T = X^T A^T: the linear layout's gradients, transposed
+        dw = [_grad_weight(dY.T, X.T, weight, ctx.spec)] + [None] * (len(weight) - 1)
+    if need_X:
+        dX = _grad_input(dY.T, weight, ctx.spec).T.to(X.dtype)
+    return dw, None, dX, None
+
+
+_spmm.register_autograd(_spmm_backward, setup_context=_save_spmm)
+
+
+# --- the public ops --------------------------------------------------------------------------------
+def _records(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.0, out_dtype=None):
+    """act(scale * x @ A^T + bias) + residual for x of shape (..., K): torch's F.linear layout.
+
+    fp16/bf16 inputs accumulate in fp32; fp32 inputs run on the tensor cores as tf32; float64
+    runs torch's dense product. Differentiable in x, A's values, bias and residual (the
+    pattern stays fixed), and traceable by torch.compile.
+    """
+    grad = _records(x, getattr(A, "values", None), bias, residual)
+    if not grad and not torch.compiler.is_compiling():
+        return ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype)
+    if not isinstance(A, SparseFormat):
+        raise TypeError(f"linear: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+    if not grad:
+        return _linear(x, A.tensor_list(), A.spec, bias, activation, residual, float(scale), out_dtype)
+    check_activation(activation)  # autograd differentiates the activation and residual as torch ops
+    y = _linear(x, A.tensor_list(), A.spec, bias, None, None, float(scale), None)
+    if activation is not None or residual is not None:
+        y = apply_epilogue(y, None, activation, residual)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def linear_op(x, tensors: list, spec: str, bias=None):
+    """x @ A^T + bias through the operator, A given as its tensors and spec (SparseLinear's
+    route when traced or differentiated: its tensors are what torch.compile lifts as inputs)."""
+    return _linear(x, tensors, spec, bias, None, None, 1.0, None)
+
+
+def spmm(A, X, *, out_dtype=None):
+    """A @ X for X of shape (K, N). Same kernels as `linear`, on transposed views (no copies);
+    differentiable and traceable like it."""
+    if not _records(X, getattr(A, "values", None)) and not torch.compiler.is_compiling():
+        return ops.spmm(A, X, out_dtype=out_dtype)
+    if not isinstance(A, SparseFormat):
+        raise TypeError(f"spmm: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+    return _spmm(A.tensor_list(), A.spec, X, out_dtype)

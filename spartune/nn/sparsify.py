@@ -1,0 +1,179 @@
+"""sparsify(model): prune a model's linear layers into sparse formats, all of them or none.
+
+What real models hold and a naive swap breaks: nn.Linear subclasses (converted when they keep
+nn.Linear's forward), nn.MultiheadAttention (whose projections F.multi_head_attention_forward
+reads as raw tensors: it becomes a SparseMultiheadAttention first), fused Transformer fast
+paths (switched off where a weight is sparse), and tied weights (pruned once and shared; a tie
+to a module that is not a linear layer is left dense, since pruning would break it).
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from .. import dispatch
+from ..prune import parse_pattern, sparsify_weight
+from .attention import SparseMultiheadAttention, disable_fused_fast_paths
+from .linear import SparseLinear
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """What sparsify did (or, in a dry run, would do) to one layer."""
+
+    name: str
+    shape: tuple[int, int]  # (out_features, in_features)
+    pattern: str | None  # None: left dense (see `skipped`)
+    sparsity: float = 0.0  # achieved fraction of zeros
+    retained: float = 1.0  # ||pruned|| / ||w||: the weight magnitude kept
+    dense_bytes: int = 0
+    sparse_bytes: int = 0  # the format's tensors (values and indices)
+    predicted_speedup: float = 1.0  # cost model: dense time / best time at `tokens`
+    predicted_backend: str = "dense"
+    skipped: str = ""  # why the layer stays dense
+
+
+def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
+             filter_fn: Callable[[str, nn.Module], bool] | None = None, dry_run: bool = False,
+             tokens: int = 2048) -> dict[str, LayerReport]:
+    """Replace, in place, the linear layers of `model` by SparseLinear layers pruned by
+    magnitude. Returns a LayerReport per linear layer (skipped ones say why).
+
+    `pattern`: one pattern for all ("block:64", "csr", "2:4", ...); or a dict from layer-name
+    globs ("*.mlp.*") to a pattern or (pattern, sparsity), first match wins, unmatched layers
+    stay dense; or a callable (name, module) -> pattern, (pattern, sparsity) or None.
+    `filter_fn(name, module)` picks layers further. `dry_run=True` changes nothing and reports
+    what would happen, with the cost model's predicted speedup at `tokens` tokens and the
+    memory of each layer. A layer that fails to convert raises, naming it, and leaves the model
+    as it was: every layer is built before any is swapped in.
+    """
+    plan = _plan(model, pattern, sparsity, filter_fn)
+    reports, replacements, made = {}, {}, {}  # made: id(dense weight) -> (name, SparseLinear, bias)
+    attention = {}  # MultiheadAttention name -> its SparseMultiheadAttention
+    for name, (module, choice, skipped) in plan.items():
+        shape = (module.out_features, module.in_features)
+        dense_bytes = module.weight.numel() * module.weight.element_size()
+        if skipped or choice is None:
+            reports[name] = LayerReport(name, shape, None, dense_bytes=dense_bytes, sparse_bytes=dense_bytes,
+                                        skipped=skipped or "not selected")
+            continue
+        parent_name = name.rpartition(".")[0]
+        if name.endswith((".in_proj", ".out_proj")) and isinstance(_get(model, parent_name), nn.MultiheadAttention):
+            if parent_name not in attention:
+                attention[parent_name] = SparseMultiheadAttention.from_mha(_get(model, parent_name))
+            module = getattr(attention[parent_name], name.rpartition(".")[2])
+        pat, sp = choice
+        tied = made.get(id(module.weight))
+        try:
+            if tied is not None:  # the same Parameter in two layers: one sparse weight, shared
+                first_name, first, first_bias = tied
+                layer, fmt_report = first.tied_copy(first.bias if module.bias is first_bias else module.bias), \
+                    reports[first_name]
+            else:
+                layer, fmt_report = SparseLinear.from_linear(module, pat, sp, return_report=True)
+                made[id(module.weight)] = (name, layer, module.bias)
+        except Exception as e:
+            raise type(e)(f"sparsify: layer {name!r} ({shape[0]}x{shape[1]}) could not be pruned into {pat!r}: {e}") from e
+        speedup, backend = dispatch.predicted_speedup(layer.weight, tokens)
+        reports[name] = LayerReport(name, shape, fmt_report.pattern, fmt_report.sparsity, fmt_report.retained,
+                                    dense_bytes, 0 if tied else layer.weight.nbytes, speedup, backend,
+                                    f"tied to {tied[0]}" if tied else "")
+        replacements[name] = layer.to(module.weight.device)
+    if dry_run:
+        return reports
+    for parent_name, attn in attention.items():  # the attention modules first, their projections next
+        for child in ("in_proj", "out_proj"):
+            if f"{parent_name}.{child}" in replacements:
+                setattr(attn, child, replacements.pop(f"{parent_name}.{child}"))
+        _set(model, parent_name, attn)
+    for name, layer in replacements.items():
+        _set(model, name, layer)
+    disable_fused_fast_paths(model)
+    return reports
+
+
+def _plan(model, pattern, sparsity, filter_fn) -> dict:
+    """name -> (linear module, (pattern, sparsity) or None, reason it is skipped or "")."""
+    choose = _chooser(pattern, sparsity)
+    owners = {}  # id(weight) -> names of the modules holding it (ties)
+    for name, m in model.named_modules():
+        for p in m.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(name)
+    plan = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.MultiheadAttention):
+            for child, linear in _attention_projections(m).items():
+                full = f"{name}.{child}" if name else child
+                plan[full] = (linear, *_select(full, linear, choose, filter_fn, _attention_skip(m)))
+        elif isinstance(m, nn.Linear) and not isinstance(m, SparseLinear) and name not in plan:
+            skip = ""
+            if type(m).forward is not nn.Linear.forward:
+                skip = f"{type(m).__name__} overrides nn.Linear.forward: converting it would drop its behaviour"
+            elif any(not isinstance(model.get_submodule(o), nn.Linear) for o in owners.get(id(m.weight), [])):
+                skip = "its weight is tied to a module that is not a linear layer: pruning would break the tie"
+            plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
+    return plan
+
+
+def _attention_projections(mha: nn.MultiheadAttention) -> dict[str, nn.Linear]:
+    """MHA's projections as linear layers (the in-projection's weight is a raw Parameter):
+    the layers sparsify would prune if the attention were converted."""
+    if mha.in_proj_weight is None:
+        return {"out_proj": mha.out_proj}
+    e = mha.embed_dim
+    in_proj = nn.Linear(e, 3 * e, bias=mha.in_proj_bias is not None, device=mha.in_proj_weight.device,
+                        dtype=mha.in_proj_weight.dtype)
+    in_proj.weight = mha.in_proj_weight
+    if mha.in_proj_bias is not None:
+        in_proj.bias = mha.in_proj_bias
+    return {"in_proj": in_proj, "out_proj": mha.out_proj}
+
+
+def _attention_skip(mha) -> str:
+    try:
+        SparseMultiheadAttention.from_mha(copy.deepcopy(mha).to("meta"))
+    except NotImplementedError as e:
+        return f"MultiheadAttention reads its projections as raw tensors and cannot be converted: {e}"
+    return ""
+
+
+def _select(name, module, choose, filter_fn, skip):
+    if skip:
+        return None, skip
+    if filter_fn is not None and not filter_fn(name, module):
+        return None, ""
+    return choose(name, module), ""
+
+
+def _chooser(pattern, sparsity):
+    """(name, module) -> (pattern, sparsity) or None, from sparsify's `pattern` argument."""
+    def norm(choice):
+        if choice is None:
+            return None
+        pat, sp = choice if isinstance(choice, tuple) else (choice, sparsity)
+        parse_pattern(pat)  # a bad pattern fails here, before anything is pruned
+        return pat, sp
+
+    if callable(pattern):
+        return lambda name, m: norm(pattern(name, m))
+    if isinstance(pattern, dict):
+        rules = [(glob, norm(choice)) for glob, choice in pattern.items()]
+        return lambda name, m: next((c for glob, c in rules if fnmatch.fnmatchcase(name, glob)), None)
+    fixed = norm(pattern)
+    return lambda name, m: fixed
+
+
+def _get(model, name):
+    return model.get_submodule(name) if name else model
+
+
+def _set(model, name, module):
+    parent, _, child = name.rpartition(".")
+    setattr(_get(model, parent), child, module)
+
+
+__all__ = ["sparsify", "LayerReport"]
