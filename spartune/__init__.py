@@ -3,8 +3,8 @@ from .versions import __version__  # noqa: F401
 
 from . import reference  # noqa: E402
 from .formats import CSR, NM, VNM, BlockSparse, FormatStats, ShuffledBlock, SparseFormat  # noqa: E402
-from .ops import prepare, sddmm, sparse_softmax  # noqa: E402
-from .library import linear, spmm  # noqa: E402  (differentiable, traceable)
+from .ops import prepare  # noqa: E402
+from .library import linear, sddmm, sparse_softmax, spmm  # noqa: E402  (differentiable, traceable)
 from .nn import SparseLinear, sparsify  # noqa: E402
 from .prune import PruneReport, parse_pattern, sparsify_weight  # noqa: E402
 

@@ -129,11 +129,12 @@ def _save_linear(ctx, inputs, output):
 def _linear_backward(ctx, dy):
     x, *weight = ctx.saved_tensors
     need_x, need_w, _, need_bias, _, need_res, _, _ = ctx.needs_input_grad
-    dx = dw = dbias = dres = None
+    dx = dbias = dres = None
+    dw = [None] * len(weight)
     if need_x:
         dx = _grad_input(dy, weight, ctx.spec).mul_(ctx.scale).to(x.dtype)
     if need_w[0]:
-        dw = [_grad_weight(dy, x, weight, ctx.spec).mul_(ctx.scale)] + [None] * (len(weight) - 1)
+        dw[0] = _grad_weight(dy, x, weight, ctx.spec).mul_(ctx.scale)
     if need_bias:
         dbias = dy.reshape(-1, dy.shape[-1]).sum(0)
     if need_res:
@@ -153,15 +154,101 @@ def _save_spmm(ctx, inputs, output):
 def _spmm_backward(ctx, dY):
     X, *weight = ctx.saved_tensors
     need_w, _, need_X, _ = ctx.needs_input_grad
-    dw = dX = None
+    dX = None
+    dw = [None] * len(weight)
     if need_w[0]:  # Y^T = X^T A^T: the linear layout's gradients, transposed
-        dw = [_grad_weight(dY.T, X.T, weight, ctx.spec)] + [None] * (len(weight) - 1)
+        dw[0] = _grad_weight(dY.T, X.T, weight, ctx.spec)
     if need_X:
         dX = _grad_input(dY.T, weight, ctx.spec).T.to(X.dtype)
     return dw, None, dX, None
 
 
 _spmm.register_autograd(_spmm_backward, setup_context=_save_spmm)
+
+
+@torch.library.custom_op("spartune::sddmm", mutates_args=())
+def _sddmm(a: Tensor, b: Tensor, pattern: list[Tensor], spec: str, scale: float) -> Tensor:
+    return ops.sddmm(a, b, format_of(pattern, spec), scale=scale).values
+
+
+@_sddmm.register_fake
+def _(a, b, pattern, spec, scale):
+    return torch.empty_like(pattern[0], dtype=a.dtype)
+
+
+def _save_sddmm(ctx, inputs, output):
+    a, b, pattern, spec, scale = inputs
+    ctx.save_for_backward(a, b, *pattern)
+    ctx.spec, ctx.scale = spec, scale
+
+
+def _sddmm_backward(ctx, dvalues):
+    """With S the pattern holding dvalues: da = scale S b, db = scale S^T a."""
+    a, b, *pattern = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    da = _pattern_product(dvalues, pattern, ctx.spec, b, False).mul_(ctx.scale) if need_a else None
+    db = _pattern_product(dvalues, pattern, ctx.spec, a, True).mul_(ctx.scale) if need_b else None
+    return da, db, [None] * len(pattern), None, None
+
+
+@torch.library.custom_op("spartune::pattern_product", mutates_args=())
+def _pattern_product(values: Tensor, pattern: list[Tensor], spec: str, X: Tensor, transpose: bool) -> Tensor:
+    """S @ X (or S^T @ X) for S the pattern holding `values`."""
+    S = format_of(pattern, spec)._with_values_trusted(values.to(X.dtype))
+    return ops.spmm(transposed(S) if transpose else S, X)
+
+
+@_pattern_product.register_fake
+def _(values, pattern, spec, X, transpose):
+    rows, cols = _shape(spec)
+    return X.new_empty((cols if transpose else rows, X.shape[1]))
+
+
+_sddmm.register_autograd(_sddmm_backward, setup_context=_save_sddmm)
+
+
+@torch.library.custom_op("spartune::sparse_softmax", mutates_args=())
+def _sparse_softmax(pattern: list[Tensor], spec: str, scale: float) -> Tensor:
+    return ops.sparse_softmax(format_of(pattern, spec), scale=scale).values
+
+
+@_sparse_softmax.register_fake
+def _(pattern, spec, scale):
+    return torch.empty_like(pattern[0])
+
+
+@torch.library.custom_op("spartune::sparse_softmax_backward", mutates_args=())
+def _sparse_softmax_backward(P: Tensor, dP: Tensor, pattern: list[Tensor], spec: str, scale: float) -> Tensor:
+    """scale * P (dP - sum over the row of P dP), over the stored entries of each row."""
+    A = format_of(pattern, spec)
+    order, flat = A.stored_positions()
+    rows = flat // A.shape[1]
+    wide = torch.promote_types(P.dtype, torch.float32)
+    p, g = P.reshape(-1)[order].to(wide), dP.reshape(-1)[order].to(wide)
+    row_sum = torch.zeros(A.shape[0], dtype=wide, device=P.device).index_add_(0, rows, p * g)
+    out = torch.zeros(P.numel(), dtype=P.dtype, device=P.device)
+    out[order] = (scale * p * (g - row_sum[rows])).to(P.dtype)
+    return out.reshape(P.shape)
+
+
+@_sparse_softmax_backward.register_fake
+def _(P, dP, pattern, spec, scale):
+    return torch.empty_like(P)
+
+
+def _save_softmax(ctx, inputs, output):
+    pattern, spec, scale = inputs
+    ctx.save_for_backward(output, *pattern)
+    ctx.spec, ctx.scale = spec, scale
+
+
+def _softmax_backward(ctx, dP):
+    P, *pattern = ctx.saved_tensors
+    dvalues = _sparse_softmax_backward(P, dP, pattern, ctx.spec, ctx.scale)
+    return [dvalues] + [None] * (len(pattern) - 1), None, None
+
+
+_sparse_softmax.register_autograd(_softmax_backward, setup_context=_save_softmax)
 
 
 # --- the public ops --------------------------------------------------------------------------------
@@ -204,3 +291,25 @@ def spmm(A, X, *, out_dtype=None):
     if not isinstance(A, SparseFormat):
         raise TypeError(f"spmm: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
     return _spmm(A.tensor_list(), A.spec, X, out_dtype)
+
+
+def sddmm(a, b, pattern, *, scale: float = 1.0):
+    """scale * (a @ b^T) at the stored positions of `pattern` (CSR or BlockSparse), returned as
+    the same format with new values (fp32 accumulation, a's dtype); differentiable in a and b,
+    traceable."""
+    if not _records(a, b) and not torch.compiler.is_compiling():
+        return ops.sddmm(a, b, pattern, scale=scale)
+    if not isinstance(pattern, (CSR, BlockSparse)):
+        raise TypeError(f"sddmm: pattern must be CSR or BlockSparse, got {type(pattern).__name__}")
+    return pattern._with_values_trusted(_sddmm(a, b, pattern.tensor_list(), pattern.spec, float(scale)))
+
+
+def sparse_softmax(A, *, scale: float = 1.0):
+    """Row-wise softmax over the stored entries of A (CSR or BlockSparse); an empty row stays
+    empty. Returns the same format with the probabilities as values; differentiable in A's
+    values, traceable."""
+    if not _records(getattr(A, "values", None)) and not torch.compiler.is_compiling():
+        return ops.sparse_softmax(A, scale=scale)
+    if not isinstance(A, (CSR, BlockSparse)):
+        raise TypeError(f"sparse_softmax: A must be CSR or BlockSparse, got {type(A).__name__}")
+    return A._with_values_trusted(_sparse_softmax(A.tensor_list(), A.spec, float(scale)))

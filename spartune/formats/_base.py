@@ -151,7 +151,7 @@ def ceil_div(a: int, b: int) -> int:
 
 # Attributes memoised on a format object that depend on its pattern only, never on its values
 # (stats(); kernels register theirs, e.g. the CSR bitmap): kept by _with_values_trusted.
-PATTERN_CACHES = {"_stats"}
+PATTERN_CACHES = {"_stats", "_spec"}
 
 
 def memo(A, key: str, make, *, of_values: bool = True):
@@ -198,6 +198,9 @@ class SparseFormat:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         FORMATS[cls.__name__] = cls
+        # its dataclass fields, in order, are its own annotations: the tensors, values first
+        names = [n for n in cls.__dict__.get("__annotations__", {}) if n not in STATIC_FIELDS]
+        cls._tensor_fields = ("values", *(n for n in names if n != "values"))
 
     def __post_init__(self):
         check_shape(self.shape)
@@ -209,6 +212,7 @@ class SparseFormat:
         if not self.values.is_contiguous():
             raise ValueError("values must be contiguous")
         self._validate()
+        self.spec  # noqa: B018 (made now, not inside a torch.compile trace, where json cannot run)
 
     # --- what every format answers -------------------------------------------------------
     signature: str  # the pattern string it holds ("csr", "block:64x64", ...): part of tuning keys
@@ -305,8 +309,7 @@ class SparseFormat:
     @classmethod
     def tensor_fields(cls) -> tuple[str, ...]:
         """Names of the tensor fields, `values` first (the order of `tensor_list`)."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name not in STATIC_FIELDS]
-        return ("values", *(n for n in names if n != "values"))
+        return cls._tensor_fields
 
     def tensor_list(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self.tensor_fields()]
@@ -330,6 +333,7 @@ class SparseFormat:
         new = object.__new__(cls)
         for name, value in {**static, **tensors}.items():
             object.__setattr__(new, name, value)
+        new.spec  # noqa: B018 (made now, as __post_init__ does)
         return new
 
     def _tensors(self) -> dict[str, torch.Tensor]:
