@@ -70,13 +70,16 @@ def case(pattern, M, K, N, density, dtype, calls, rounds, gen) -> dict:
     raw = raw_launcher(A, choice, x, out)
     op = lambda: st.linear(x, A)  # noqa: E731
     dense = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
-    for fn in (op, raw, dense):
+    layer = st.SparseLinear(A)
+    module = lambda: layer(x)  # noqa: E731  (what a sparsified model calls)
+    for fn in (op, raw, dense, module):
         host_us(fn, calls // 4)  # warm
-    t_op, t_raw, t_dense = [], [], []
+    t_op, t_raw, t_dense, t_module = [], [], [], []
     for _ in range(rounds):
         t_op.append(host_us(op, calls))
         t_raw.append(host_us(raw, calls))
         t_dense.append(host_us(dense, calls))
+        t_module.append(host_us(module, calls))
     # first call on a new weight object of a tuned problem: the tuner's memory, then the DB
     memo_hit = first_call_ms(x, A.with_values(A.values.clone()))
     ops.set_mode(ops.get_tuner().mode)  # a fresh tuner: what a new process sees
@@ -85,7 +88,8 @@ def case(pattern, M, K, N, density, dtype, calls, rounds, gen) -> dict:
             "picked": f"{choice.backend} {choice.config}" if choice else "?",
             "linear_us": statistics.median(t_op), "raw_launch_us": statistics.median(t_raw),
             "overhead_us": statistics.median(a - b for a, b in zip(t_op, t_raw)),
-            "flinear_us": statistics.median(t_dense), "memo_hit_first_call_ms": memo_hit,
+            "flinear_us": statistics.median(t_dense), "module_us": statistics.median(t_module),
+            "memo_hit_first_call_ms": memo_hit,
             "db_hit_first_call_ms": db_hit}
 
 
@@ -95,6 +99,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args()
+    torch.set_grad_enabled(False)  # inference: the eager route (autograd would take the operator)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
@@ -106,16 +111,18 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"{'pattern':<9} {'M x K':>11} {'N':>3} {'dtype':<9} {'linear':>7} {'raw':>6} {'over':>6} {'F.lin':>6} "
+    print(f"{'pattern':<9} {'M x K':>11} {'N':>3} {'dtype':<9} {'linear':>7} {'raw':>6} {'over':>6} {'module':>6} {'F.lin':>6} "
           f"{'memo ms':>8} {'db ms':>7}  picked")
     for r in rows:
         head = f"{r['pattern']:<9} {r['M']:>5}x{r['K']:<5} {r['N']:>3} {r['dtype']:<9}"
         if "error" in r:
             print(f"{head} ERROR {r['error']}")
             continue
-        print(f"{head} {r['linear_us']:7.1f} {r['raw_launch_us']:6.1f} {r['overhead_us']:6.1f} {r['flinear_us']:6.1f} "
+        print(f"{head} {r['linear_us']:7.1f} {r['raw_launch_us']:6.1f} {r['overhead_us']:6.1f} {r['module_us']:6.1f} "
+              f"{r['flinear_us']:6.1f} "
               f"{r['memo_hit_first_call_ms']:8.2f} {r['db_hit_first_call_ms']:7.2f}  {r['picked'][:60]}")
-    print("host us per call: linear, raw launch of the chosen kernel, overhead = linear - raw, F.linear dense")
+    print("host us per call: linear, raw launch of the chosen kernel, overhead = linear - raw, SparseLinear "
+          "module, F.linear dense")
 
 
 if __name__ == "__main__":
