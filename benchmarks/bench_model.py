@@ -1,6 +1,7 @@
 """A Llama-7B MLP block (gate, up: 11008x4096; down: 4096x11008; down(silu(gate(x)) * up(x)))
 dense against sparsified, the way a user runs it: eager, torch.compile (fullgraph) and CUDA
-graphs (torch.compile mode="reduce-overhead"), fp16, with the L2 flushed before every call.
+graphs (torch.compile mode="reduce-overhead"), fp16: GPU time with the L2 flushed before every
+call, and host time per call.
 
     python benchmarks/bench_model.py [--patterns block:64,csr] [--sparsity 0.9] [--tokens 2048,8]
 
@@ -36,24 +37,37 @@ class LlamaMLP(nn.Module):
 _flush = None
 
 
-def time_us(fn, reps: int = 30) -> float:
-    """Median µs of fn() with the L2 flushed before each call (the other layers of a real model
-    would have evicted this block's weights)."""
+def gpu_us(fn, reps: int = 30) -> float:
+    """Median GPU µs of fn() with the L2 flushed before each call (the other layers of a real
+    model would have evicted this block's weights). A GPU sleep first lets the host queue every
+    call, so the events time the GPU alone, never a GPU waiting for the host."""
     global _flush
     if _flush is None:
         _flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.int8, device="cuda")
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s: longer than the host takes to queue the reps
+    for start, end in events:
         _flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+
+
+def host_us(fn, reps: int = 50) -> float:
+    """Host µs per call of back-to-back calls: when above the GPU time, the rate a model runs at."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = (time.perf_counter() - t) / reps * 1e6
+    torch.cuda.synchronize()
+    return host
 
 
 def variants(model, x, eager_only=False):
@@ -95,18 +109,26 @@ def main():
                 model(x)  # the first call tunes each layer (a tuning-DB hit later)
                 torch.cuda.synchronize()
                 first_s = time.perf_counter() - t
+                for lname, m in model.named_children():
+                    if isinstance(m, st.SparseLinear):
+                        print(f"  {name} N={n} {lname}: {st.dispatch.find_choice(m.weight, n, args.dtype)}", flush=True)
                 for variant, fn in variants(model, x).items():
-                    rows.append(dict(model=name, n=n, variant=variant, us=time_us(fn), first_call_s=first_s))
+                    gpu, host = gpu_us(fn), host_us(fn)
+                    rows.append(dict(model=name, n=n, variant=variant, gpu_us=gpu, host_us=host, us=max(gpu, host),
+                                     first_call_s=first_s))
                     print(rows[-1], flush=True)
     base = {(r["n"], r["variant"]): r["us"] for r in rows if r["model"] == "dense"}
-    print(f"\n| model | N | eager µs | compile µs | CUDA graph µs | x dense eager | x dense compile | x dense graph |")
+    print("\nµs per call = max(GPU time with the L2 flushed, host time per call); (GPU / host)")
+    print("| model | N | eager µs | compile µs | CUDA graph µs | x dense eager | x dense compile | x dense graph |")
     print("|---|---|---|---|---|---|---|---|")
     for name in models:
         for n in map(int, args.tokens.split(",")):
             t = {r["variant"]: r["us"] for r in rows if r["model"] == name and r["n"] == n}
             ratios = " | ".join(f"{base[(n, v)] / t[v]:.2f}" for v in ("eager", "compile", "cudagraph"))
-            print(f"| {name} {args.sparsity if name != 'dense' else ''} | {n} | {t['eager']:.1f} | {t['compile']:.1f} | "
-                  f"{t['cudagraph']:.1f} | {ratios} |")
+            gh = {r["variant"]: f"{r['us']:.1f} ({r['gpu_us']:.0f}/{r['host_us']:.0f})" for r in rows
+                  if r["model"] == name and r["n"] == n}
+            print(f"| {name} {args.sparsity if name != 'dense' else ''} | {n} | {gh['eager']} | {gh['compile']} | "
+                  f"{gh['cudagraph']} | {ratios} |")
     out = os.environ.get("OUT", "out")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "bench_model.json"), "w") as f:

@@ -139,6 +139,43 @@ def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residu
     if x.dtype == torch.float64:  # no kernel runs float64: torch's dense product (gradcheck, references)
         st.launchers[key] = launcher = _dense_launcher
         return launcher
+
+    def tune_and_warm():
+        launcher = _tune_linear(A, st, key, x, out, bias, activation, residual, scale)
+        launcher(A, x, out, bias, activation, residual, scale)  # builds the chosen kernel's layouts here
+        return launcher
+
+    return outside_graph_pools(tune_and_warm, A.device)
+
+
+_worker = None
+
+
+def outside_graph_pools(fn, device: torch.device):
+    """fn() on a worker thread, on the caller's stream. While torch.compile's CUDA graphs
+    (cudagraph trees) warm a graph up, every allocation of the calling thread goes to the
+    graph's pool, and what tuning keeps (layouts, descriptors, packed weights) must not live
+    there: cudagraph trees refuse untracked tensors in their pool."""
+    global _worker
+    if device.type != "cuda":
+        return fn()
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    if threading.current_thread().name.startswith("spartune-tune"):
+        return fn()
+    if _worker is None:
+        _worker = ThreadPoolExecutor(1, thread_name_prefix="spartune-tune")
+    stream = torch.cuda.current_stream(device)
+
+    def run():
+        with torch.cuda.device(device), torch.cuda.stream(stream), torch.no_grad():
+            return fn()
+
+    return _worker.submit(run).result()
+
+
+def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale):
     ours, library = linear_runs(A, x, out, bias, activation, residual, scale)
     epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0)
     choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
@@ -196,9 +233,9 @@ def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
     if choice is None:
         ours = {f: (lambda cfg, f=f: run(f, cfg)) for f in registry.families(op, pattern) if f.available(pattern.device)}
         epilogue = Epilogue(scale=key[-1])
-        choice = st.chosen[key] = choose(
+        choice = st.chosen[key] = outside_graph_pools(lambda: choose(
             op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=expected,
-            result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)])
+            result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
     family = registry.by_name(choice.backend)
     values = run(family, choice.config) if family is not None else dense()
     return pattern._with_values_trusted(values)
