@@ -218,18 +218,9 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def normalize_pattern(text: str) -> str:
     """The canonical spelling of a pattern ('block:64' -> 'block:64x64'); ValueError if bad."""
-    from ..formats import BLOCK_SIZES
     from ..prune.patterns import parse_pattern
 
     p = parse_pattern(text)
-    if p.kind in ("block", "shfl", "vnm"):
-        sizes = (p.bm, p.bk) if p.kind == "block" else (p.bm,)
-        if any(s not in BLOCK_SIZES for s in sizes):
-            raise ValueError(f"pattern {text!r}: block sizes must be one of {BLOCK_SIZES}")
-    if p.kind == "nm" and not 1 <= p.n < p.m <= 128:
-        raise ValueError(f"pattern {text!r}: N:M needs 1 <= N < M <= 128")
-    if p.kind == "vnm" and not 4 <= p.m <= 128:
-        raise ValueError(f"pattern {text!r}: V:N:M needs M in 4..128")
     return str(p)
 
 

@@ -66,7 +66,8 @@ class SparseMultiheadAttention(nn.Module):
             raise NotImplementedError("SparseMultiheadAttention does not reproduce add_zero_attn=True")
         w = mha.in_proj_weight
         new = cls(mha.embed_dim, mha.num_heads, mha.dropout, bias=mha.in_proj_bias is not None,
-                  batch_first=mha.batch_first, device=w.device, dtype=w.dtype)
+                  batch_first=mha.batch_first, device="meta", dtype=w.dtype).to_empty(device=w.device)
+        # built on "meta" (no init, no draw from the RNG): every tensor is copied below
         with torch.no_grad():
             new.in_proj.weight.copy_(w)
             new.out_proj.weight.copy_(mha.out_proj.weight)

@@ -16,7 +16,7 @@ from typing import Callable
 from torch import nn
 
 from .. import dispatch
-from ..prune import parse_pattern, sparsify_weight
+from ..prune import parse_pattern
 from .attention import SparseMultiheadAttention, disable_fused_fast_paths
 from .linear import SparseLinear
 
@@ -56,7 +56,7 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     attention = {}  # MultiheadAttention name -> its SparseMultiheadAttention
     for name, (module, choice, skipped) in plan.items():
         shape = (module.out_features, module.in_features)
-        dense_bytes = module.weight.numel() * module.weight.element_size()
+        dense_bytes = 0 if nn.parameter.is_lazy(module.weight) else module.weight.numel() * module.weight.element_size()
         if skipped or choice is None:
             reports[name] = LayerReport(name, shape, None, dense_bytes=dense_bytes, sparse_bytes=dense_bytes,
                                         skipped=skipped or "not selected")
@@ -77,7 +77,12 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
                 layer, fmt_report = SparseLinear.from_linear(module, pat, sp, return_report=True)
                 made[id(module.weight)] = (name, layer, module.bias)
         except Exception as e:
-            raise type(e)(f"sparsify: layer {name!r} ({shape[0]}x{shape[1]}) could not be pruned into {pat!r}: {e}") from e
+            message = f"sparsify: layer {name!r} ({shape[0]}x{shape[1]}) could not be pruned into {pat!r}: {e}"
+            try:
+                error = type(e)(message)
+            except Exception:  # an exception type whose constructor takes other arguments
+                error = RuntimeError(message)
+            raise error from e
         speedup, backend = dispatch.predicted_speedup(layer.weight, tokens)
         reports[name] = LayerReport(name, shape, fmt_report.pattern, fmt_report.sparsity, fmt_report.retained,
                                     dense_bytes, 0 if tied else layer.weight.nbytes, speedup, backend,
@@ -85,13 +90,21 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
         replacements[name] = layer.to(module.weight.device)
     if dry_run:
         return reports
+    aliases = [n for n, _ in model.named_modules(remove_duplicate=False) if n]  # a module held at several names
+    new = {}  # id(module replaced) -> (it, kept alive while ids are compared; its replacement)
     for parent_name, attn in attention.items():  # the attention modules first, their projections next
         for child in ("in_proj", "out_proj"):
             if f"{parent_name}.{child}" in replacements:
                 setattr(attn, child, replacements.pop(f"{parent_name}.{child}"))
-        _set(model, parent_name, attn)
+        old = _get(model, parent_name)
+        new[id(old)] = (old, attn)
     for name, layer in replacements.items():
-        _set(model, name, layer)
+        old = _get(model, name)
+        new[id(old)] = (old, layer)
+    for name in aliases:  # every name of a replaced module (a shared one too) gets the replacement
+        old = _get(model, name)
+        if id(old) in new and new[id(old)][0] is old:
+            _set(model, name, new[id(old)][1])
     disable_fused_fast_paths(model)
     return reports
 
@@ -104,18 +117,29 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
         for p in m.parameters(recurse=False):
             owners.setdefault(id(p), []).append(name)
     plan = {}
+    root = "the model itself is this layer: sparsify replaces submodules in place (wrap it in a module)"
     for name, m in model.named_modules():
         if isinstance(m, nn.MultiheadAttention):
+            skip = _attention_skip(m) if name else root
             for child, linear in _attention_projections(m).items():
                 full = f"{name}.{child}" if name else child
-                plan[full] = (linear, *_select(full, linear, choose, filter_fn, _attention_skip(m)))
+                plan[full] = (linear, *_select(full, linear, choose, filter_fn, skip))
         elif isinstance(m, nn.Linear) and not isinstance(m, SparseLinear) and name not in plan:
             skip = ""
-            if type(m).forward is not nn.Linear.forward:
+            if not name:
+                skip = root
+            elif nn.parameter.is_lazy(m.weight):
+                skip = "its weight is not initialized yet (a lazy layer): run a forward pass first"
+            elif type(m).forward is not nn.Linear.forward:
                 skip = f"{type(m).__name__} overrides nn.Linear.forward: converting it would drop its behaviour"
             elif any(not isinstance(model.get_submodule(o), nn.Linear) for o in owners.get(id(m.weight), [])):
                 skip = "its weight is tied to a module that is not a linear layer: pruning would break the tie"
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
+    for name, (m, choice, skip) in plan.items():  # a tie is pruned whole or not at all
+        off = [o for o in owners.get(id(m.weight), []) if o != name and o in plan and plan[o][1] is None]
+        if choice is not None and off:
+            plan[name] = (m, None, f"its weight is tied to {off[0]!r}, which is left dense: pruning this layer "
+                                   "alone would break the tie")
     return plan
 
 
@@ -125,7 +149,7 @@ def _attention_projections(mha: nn.MultiheadAttention) -> dict[str, nn.Linear]:
     if mha.in_proj_weight is None:
         return {"out_proj": mha.out_proj}
     e = mha.embed_dim
-    in_proj = nn.Linear(e, 3 * e, bias=mha.in_proj_bias is not None, device=mha.in_proj_weight.device,
+    in_proj = nn.Linear(e, 3 * e, bias=mha.in_proj_bias is not None, device="meta",  # no init, no RNG draw
                         dtype=mha.in_proj_weight.dtype)
     in_proj.weight = mha.in_proj_weight
     if mha.in_proj_bias is not None:

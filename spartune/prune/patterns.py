@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..formats import BLOCK_SIZES
+
 
 @dataclass(frozen=True)
 class Pattern:
@@ -36,11 +38,24 @@ _FORMS = "'csr', 'block:64x64', 'block:64', 'shfl:64', '2:4', '64:2:8'"
 
 
 def parse_pattern(spec) -> Pattern:
+    """The Pattern a string names, its sizes checked (a bad one fails before anything is pruned)."""
     if isinstance(spec, Pattern):
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"pattern must be a string such as {_FORMS}, got {type(spec).__name__}")
-    s = spec.strip().lower()
+    p = _parse(spec.strip().lower(), spec)
+    if p.kind in ("block", "shfl", "vnm"):
+        sizes = (p.bm, p.bk) if p.kind == "block" else (p.bm,)
+        if any(s not in BLOCK_SIZES for s in sizes):
+            raise ValueError(f"pattern {spec!r}: block sizes must be one of {BLOCK_SIZES}")
+    if p.kind == "nm" and not 1 <= p.n < p.m <= 128:
+        raise ValueError(f"pattern {spec!r}: N:M needs 1 <= N < M <= 128")
+    if p.kind == "vnm" and not 4 <= p.m <= 128:
+        raise ValueError(f"pattern {spec!r}: V:N:M needs M in 4..128")
+    return p
+
+
+def _parse(s: str, spec) -> Pattern:
     if s == "csr":
         return Pattern("csr")
     if m := re.fullmatch(r"block:(\d+)(?:x(\d+))?", s):
