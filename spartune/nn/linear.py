@@ -36,9 +36,12 @@ class SparseLinear(nn.Module):
     def _adopt(self, fmt: SparseFormat, requires_grad: bool) -> None:
         """Register fmt's tensors as this module's state and `fmt` (over them) as its weight."""
         names = fmt.tensor_fields()
+        keep = fmt.values is self._parameters.get("weight_values")  # loaded into in place: optimizers keep it
         for name in getattr(self, "_weight_names", ()):
-            delattr(self, f"weight_{name}")
-        self.weight_values = nn.Parameter(fmt.values.detach(), requires_grad=requires_grad)
+            if not (keep and name == "values"):
+                delattr(self, f"weight_{name}")
+        if not keep:
+            self.weight_values = nn.Parameter(fmt.values.detach(), requires_grad=requires_grad)
         for name in names[1:]:
             self.register_buffer(f"weight_{name}", getattr(fmt, name))
         self._weight_names = names
@@ -48,9 +51,13 @@ class SparseLinear(nn.Module):
         """The format object over the module's current tensors (trusted: they are the checked
         format's, moved or cast), found by the operators for its tuned choices and memos."""
         tensors = [getattr(self, f"weight_{name}") for name in self._weight_names]
+        # a cast keeps the Parameter object (param.data = ...) and the integer buffers: compare memory too
+        where = [(t.data_ptr(), t.dtype, t.device) for t in tensors]
         old = self.__dict__.get("_weight")
-        if old is None or any(a is not b for a, b in zip(old.tensor_list(), tensors)):
+        if old is None or self.__dict__.get("_weight_where") != where or any(
+                a is not b for a, b in zip(old.tensor_list(), tensors)):
             self._weight = library.bind(SparseFormat.from_spec(spec, tensors, trusted=True))
+            self._weight_where = where
 
     @property
     def weight(self) -> SparseFormat:
@@ -83,8 +90,8 @@ class SparseLinear(nn.Module):
         missing = [prefix + f"weight_{n}" for n in names if prefix + f"weight_{n}" not in state_dict]
         if missing:
             raise KeyError(f"state_dict lacks {missing}")
-        fmt = SparseFormat.from_spec(spec, {n: state_dict[prefix + f"weight_{n}"] for n in names})
-        return cls(fmt, state_dict.get(prefix + "bias"))
+        fmt = SparseFormat.from_spec(spec, {n: state_dict[prefix + f"weight_{n}"].clone() for n in names})
+        return cls(fmt, state_dict.get(prefix + "bias"))  # copies, as the bias is: nothing shared with the state_dict
 
     def tied_copy(self, bias: torch.Tensor | None) -> "SparseLinear":
         """A layer sharing this one's sparse weight (the same Parameter and buffers, as tied
@@ -94,7 +101,7 @@ class SparseLinear(nn.Module):
         new.weight_values = self.weight_values
         for name in self._weight_names[1:]:
             new.register_buffer(f"weight_{name}", getattr(self, f"weight_{name}"))
-        new._weight_names, new._weight = self._weight_names, self._weight
+        new._weight_names, new._weight, new._weight_where = self._weight_names, self._weight, self._weight_where
         if bias is not None and not isinstance(bias, nn.Parameter):
             bias = nn.Parameter(bias.detach().clone(), requires_grad=self.weight_values.requires_grad)
         new.bias = bias
@@ -143,7 +150,9 @@ class SparseLinear(nn.Module):
             return
         current = self._weight
         try:
-            fmt = SparseFormat.from_spec(spec, {n: state_dict[prefix + f"weight_{n}"].to(current.device) for n in names})
+            # copies: the layer must not share memory with the state_dict (another model's tensors)
+            fmt = SparseFormat.from_spec(spec, {n: state_dict[prefix + f"weight_{n}"].to(current.device, copy=True)
+                                                for n in names})
         except (TypeError, ValueError) as e:
             error_msgs.append(f"{prefix}: the saved sparse weight is not valid: {e}")
             return
@@ -160,6 +169,10 @@ class SparseLinear(nn.Module):
             with torch.no_grad():
                 self.bias.copy_(saved_bias)
         fmt = fmt.with_values(fmt.values.to(current.dtype)) if fmt.dtype != current.dtype else fmt
+        if fmt.values.shape == self.weight_values.shape:  # into the same Parameter, as nn.Linear loads
+            with torch.no_grad():
+                self.weight_values.copy_(fmt.values)
+            fmt = fmt._with_values_trusted(self.weight_values)
         self._adopt(fmt, self.weight_values.requires_grad)
 
     def _apply(self, fn, recurse=True):
@@ -176,5 +189,5 @@ def _spec_of(state_dict, prefix: str) -> str | None:
     if raw is None:
         return None
     if isinstance(raw, torch.Tensor):
-        return bytes(raw.to("cpu", torch.uint8).tolist()).decode()
+        return bytes(raw.to("cpu", torch.uint8).tolist()).decode(errors="replace")  # bad bytes: format_class says so
     return str(raw)
