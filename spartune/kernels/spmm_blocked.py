@@ -22,7 +22,6 @@ from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._common import grouped_order
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
-from ._launch import fast
 
 
 @triton.jit
@@ -245,9 +244,6 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     )
 
 
-_FAST, _FAST_TMA = fast(_blocked_spmm_kernel), fast(_blocked_spmm_tma_kernel)
-
-
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None, scale=1.0):
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
     M, K, bm, n_units, shuffled, perm, stride_a, a_desc = _weight_args(A)
@@ -260,7 +256,7 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     if config.tma and a_desc is not None and _tma_ready(x) and _tma_ready(out):
         if config.persistent:
             grid = (min(grid[0], _sm_slots(x.device, config)),)
-        _FAST_TMA[grid](
+        _blocked_spmm_tma_kernel[grid](
             _descriptor(x, [config.bn, bk]), a_desc, _descriptor(out, [config.bn, bm]),
             A.crow, A.col, bias if bias is not None else out, res,
             M, N, n_units, res.stride(0), res.stride(1), float(scale),
@@ -269,7 +265,7 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         return out
-    _FAST[grid](
+    _blocked_spmm_kernel[grid](
         x, A.values, A.crow, A.col, perm, out,
         bias if bias is not None else out, res,
         M, K, N, n_units, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),

@@ -11,7 +11,6 @@ from ...formats import CSR
 from .._common import row_chunk, scratch, swizzled_rows
 from .._ell import ELL_BANDS, ELL_GRANULE, banded_ell, banded_rows
 from .._epilogue import epilogue_store
-from .._launch import fast
 
 
 @triton.jit
@@ -121,10 +120,6 @@ def _transpose_pad_kernel(x_ptr, xt_ptr, N, K, stride_xn, stride_xk,
 _ROWT_WS: dict = {}  # row_t's transposed, padded copy of x (scratch(), at least 64 K elements)
 
 
-_FAST_ROW, _FAST_ROWT = fast(_spmm_row_kernel), fast(_spmm_rowt_kernel)
-_FAST_TRANSPOSE = fast(_transpose_pad_kernel)
-
-
 def launch_row(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t, res_t, srn, srm, scale,
                has_bias, act, has_res) -> None:
     """Paths "row", "row_t" and "ell": the row kernel, or the row_t kernel where x's tokens are
@@ -147,19 +142,19 @@ def launch_row(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t, re
         # past N: the gather becomes unmasked vector loads from the program's own strip
         bn = config.block_n
         xt = scratch(_ROWT_WS, x.device, x.dtype, grid[1] * (K + 1) * bn, minimum=1 << 16)
-        _FAST_TRANSPOSE[(triton.cdiv(K + 1, 64), grid[1])](
+        _transpose_pad_kernel[(triton.cdiv(K + 1, 64), grid[1])](
             x, xt, N, K, x.stride(0), x.stride(1), BT=bn, BK=64, num_warps=4)
-        _FAST_ROWT[grid](
+        _spmm_rowt_kernel[grid](
             A.crow, col, val, order, xt, out, bias_t, res_t,
             M, N, 1, bn, (K + 1) * bn, out.stride(0), out.stride(1), srn, srm, scale,
             BN=bn, PAD_K=K, **common)
     elif x.stride(0) == 1 and N > 1:
-        _FAST_ROWT[grid](
+        _spmm_rowt_kernel[grid](
             A.crow, col, val, order, x, out, bias_t, res_t,
             M, N, x.stride(0), x.stride(1), config.block_n * x.stride(0), out.stride(0), out.stride(1),
             srn, srm, scale, BN=config.block_n, PAD_K=0, **common)
     else:
-        _FAST_ROW[grid](
+        _spmm_row_kernel[grid](
             A.crow, col, val, order, x, out, bias_t, res_t,
             M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
             BN=config.block_n, **common)
