@@ -60,14 +60,39 @@ def _shape(spec: str) -> tuple[int, int]:
 
 
 # --- the operators ---------------------------------------------------------------------------------
-@torch.library.custom_op("spartune::linear", mutates_args=())
+# Defined with torch.library.Library rather than torch.library.custom_op: the same operator for
+# torch.compile, about 6 µs of host time per call above its implementation instead of about 19.
+_LIB = torch.library.Library("spartune", "DEF")
+
+
+def _operator(schema: str):
+    """Define spartune::<schema> with the decorated function as its implementation on every
+    device; returns the operator."""
+    def define(impl):
+        name = schema.split("(")[0]
+        _LIB.define(schema)
+        _LIB.impl(name, impl, "CompositeExplicitAutograd")
+        return getattr(torch.ops.spartune, name).default
+    return define
+
+
+def _fake(op):
+    """Register the decorated function as op's fake (meta) implementation: shapes for tracing."""
+    return lambda fn: torch.library.register_fake(op, fn, lib=_LIB)
+
+
+def _autograd(op, backward, setup_context):
+    torch.library.register_autograd(op, backward, setup_context=setup_context, lib=_LIB)
+
+
+@_operator("linear(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
 def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
             residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
     y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
     return y if y._base is None else y.clone()  # an operator returns memory of its own
 
 
-@_linear.register_fake
+@_fake(_linear)
 def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
     rows, cols = _shape(spec)
     if x.shape[-1] != cols:
@@ -75,12 +100,12 @@ def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
 
 
-@torch.library.custom_op("spartune::spmm", mutates_args=())
+@_operator("spmm(Tensor[] weight, str spec, Tensor X, ScalarType? out_dtype) -> Tensor")
 def _spmm(weight: list[Tensor], spec: str, X: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
     return ops.spmm(format_of(weight, spec), X, out_dtype=out_dtype)
 
 
-@_spmm.register_fake
+@_fake(_spmm)
 def _(weight, spec, X, out_dtype):
     rows, cols = _shape(spec)
     if X.dim() != 2 or X.shape[0] != cols:
@@ -88,19 +113,19 @@ def _(weight, spec, X, out_dtype):
     return X.new_empty((rows, X.shape[1]), dtype=out_dtype or X.dtype)
 
 
-@torch.library.custom_op("spartune::linear_grad_input", mutates_args=())
+@_operator("linear_grad_input(Tensor dy, Tensor[] weight, str spec) -> Tensor")
 def _grad_input(dy: Tensor, weight: list[Tensor], spec: str) -> Tensor:
     """dy @ A: linear with A's transpose (a format built once per weight, values refreshed)."""
     A = format_of(weight, spec)
     return ops.linear(dy.to(A.dtype), transposed(A))
 
 
-@_grad_input.register_fake
+@_fake(_grad_input)
 def _(dy, weight, spec):
     return dy.new_empty((*dy.shape[:-1], _shape(spec)[1]), dtype=weight[0].dtype)
 
 
-@torch.library.custom_op("spartune::linear_grad_weight", mutates_args=())
+@_operator("linear_grad_weight(Tensor dy, Tensor x, Tensor[] weight, str spec) -> Tensor")
 def _grad_weight(dy: Tensor, x: Tensor, weight: list[Tensor], spec: str) -> Tensor:
     """The gradient of A's values, (dy^T @ x) at A's stored positions only (the pattern stays
     fixed): an SDDMM where a kernel serves the format, else the dense product gathered."""
@@ -113,7 +138,7 @@ def _grad_weight(dy: Tensor, x: Tensor, weight: list[Tensor], spec: str) -> Tens
     return A.gather(dy2.to(wide).T @ x2.to(wide)).to(A.dtype)
 
 
-@_grad_weight.register_fake
+@_fake(_grad_weight)
 def _(dy, x, weight, spec):
     return torch.empty_like(weight[0])
 
@@ -142,7 +167,7 @@ def _linear_backward(ctx, dy):
     return dx, dw, None, dbias, None, dres, None, None
 
 
-_linear.register_autograd(_linear_backward, setup_context=_save_linear)
+_autograd(_linear, _linear_backward, setup_context=_save_linear)
 
 
 def _save_spmm(ctx, inputs, output):
@@ -163,15 +188,15 @@ def _spmm_backward(ctx, dY):
     return dw, None, dX, None
 
 
-_spmm.register_autograd(_spmm_backward, setup_context=_save_spmm)
+_autograd(_spmm, _spmm_backward, setup_context=_save_spmm)
 
 
-@torch.library.custom_op("spartune::sddmm", mutates_args=())
+@_operator("sddmm(Tensor a, Tensor b, Tensor[] pattern, str spec, float scale) -> Tensor")
 def _sddmm(a: Tensor, b: Tensor, pattern: list[Tensor], spec: str, scale: float) -> Tensor:
     return ops.sddmm(a, b, format_of(pattern, spec), scale=scale).values
 
 
-@_sddmm.register_fake
+@_fake(_sddmm)
 def _(a, b, pattern, spec, scale):
     return torch.empty_like(pattern[0], dtype=a.dtype)
 
@@ -191,33 +216,33 @@ def _sddmm_backward(ctx, dvalues):
     return da, db, [None] * len(pattern), None, None
 
 
-@torch.library.custom_op("spartune::pattern_product", mutates_args=())
+@_operator("pattern_product(Tensor values, Tensor[] pattern, str spec, Tensor X, bool transpose) -> Tensor")
 def _pattern_product(values: Tensor, pattern: list[Tensor], spec: str, X: Tensor, transpose: bool) -> Tensor:
     """S @ X (or S^T @ X) for S the pattern holding `values`."""
     S = format_of(pattern, spec)._with_values_trusted(values.to(X.dtype))
     return ops.spmm(transposed(S) if transpose else S, X)
 
 
-@_pattern_product.register_fake
+@_fake(_pattern_product)
 def _(values, pattern, spec, X, transpose):
     rows, cols = _shape(spec)
     return X.new_empty((cols if transpose else rows, X.shape[1]))
 
 
-_sddmm.register_autograd(_sddmm_backward, setup_context=_save_sddmm)
+_autograd(_sddmm, _sddmm_backward, setup_context=_save_sddmm)
 
 
-@torch.library.custom_op("spartune::sparse_softmax", mutates_args=())
+@_operator("sparse_softmax(Tensor[] pattern, str spec, float scale) -> Tensor")
 def _sparse_softmax(pattern: list[Tensor], spec: str, scale: float) -> Tensor:
     return ops.sparse_softmax(format_of(pattern, spec), scale=scale).values
 
 
-@_sparse_softmax.register_fake
+@_fake(_sparse_softmax)
 def _(pattern, spec, scale):
     return torch.empty_like(pattern[0])
 
 
-@torch.library.custom_op("spartune::sparse_softmax_backward", mutates_args=())
+@_operator("sparse_softmax_backward(Tensor P, Tensor dP, Tensor[] pattern, str spec, float scale) -> Tensor")
 def _sparse_softmax_backward(P: Tensor, dP: Tensor, pattern: list[Tensor], spec: str, scale: float) -> Tensor:
     """scale * P (dP - sum over the row of P dP), over the stored entries of each row."""
     A = format_of(pattern, spec)
@@ -231,7 +256,7 @@ def _sparse_softmax_backward(P: Tensor, dP: Tensor, pattern: list[Tensor], spec:
     return out.reshape(P.shape)
 
 
-@_sparse_softmax_backward.register_fake
+@_fake(_sparse_softmax_backward)
 def _(P, dP, pattern, spec, scale):
     return torch.empty_like(P)
 
@@ -248,7 +273,7 @@ def _softmax_backward(ctx, dP):
     return [dvalues] + [None] * (len(pattern) - 1), None, None
 
 
-_sparse_softmax.register_autograd(_softmax_backward, setup_context=_save_softmax)
+_autograd(_sparse_softmax, _softmax_backward, setup_context=_save_softmax)
 
 
 # --- the public ops --------------------------------------------------------------------------------
