@@ -11,6 +11,10 @@ from . import _common
 
 
 def dense_weight(A: SparseFormat) -> torch.Tensor:
+    """The decompressed weight, memoised per values version; float64 (references, gradcheck,
+    which perturbs values through `.data` without a version bump) is decompressed every call."""
+    if A.dtype == torch.float64:
+        return A.to_dense()
     return _common.cached(A, "dense", A.to_dense)
 
 
