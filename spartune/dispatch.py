@@ -193,8 +193,65 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
         fn = _libraries(A)[choice.backend]
         launcher = lambda A, x, out, bias, act, res, scale: fn(  # noqa: E731
             A, x, out, bias=bias, activation=act, residual=res, scale=scale)
+    if family is not None and A.device.type == "cuda" and x.shape[0] <= GRAPH_MAX_TOKENS and residual is None \
+            and os.environ.get("SPARTUNE_GRAPHS", "1") != "0":
+        launcher = _graphed(launcher, key)
     st.launchers[key] = launcher
     return launcher
+
+
+# --- decode calls replayed from CUDA graphs ------------------------------------------------------
+GRAPH_MAX_TOKENS = 64  # decode: a Triton launch from Python costs more host time than the kernel runs
+_GRAPHS_PER_CALL = 4  # outputs a caller may hold at once before calls launch directly again
+
+
+class _Replay:
+    """One captured call of a launcher: x and bias copied into static inputs, the static output
+    handed out, and replayed again only once no caller holds it."""
+
+    def __init__(self, run, x, bias, out):
+        self.x, self.bias = x.clone(), None if bias is None else bias.clone()
+        out = torch.empty_like(out)
+        run(self.x, out, self.bias)  # compiled and warm before the capture
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.y = run(self.x, out, self.bias)
+        self._unheld = self._uses()
+
+    def _uses(self) -> int:
+        return torch._C._storage_Use_Count(self.y.untyped_storage()._cdata)
+
+    def free(self) -> bool:
+        return self._uses() == self._unheld
+
+    def __call__(self, x, bias):
+        self.x.copy_(x)
+        if bias is not None:
+            self.bias.copy_(bias)
+        self.graph.replay()
+        return self.y
+
+
+def _graphed(launch, key):
+    """`launch` replayed from a CUDA graph per (call key, x's strides, scale): a few µs of host
+    time instead of Triton's Python launch. The graphs read the weight's tensors and layouts, so
+    they live in a memo of its values version (an optimizer step captures them again)."""
+    from .formats import memo
+
+    def run(A, x, out, bias, act, res, scale):
+        if torch.cuda.is_current_stream_capturing():  # a caller's capture records the kernel itself
+            return launch(A, x, out, bias, act, res, scale)
+        pool = memo(A, "_graphs", dict).setdefault((key, x.stride(), scale), [])
+        replay = next((g for g in pool if g.free()), None)
+        if replay is None and len(pool) < _GRAPHS_PER_CALL:
+            replay = outside_graph_pools(lambda: _Replay(
+                lambda xs, outs, bs: launch(A, xs, outs, bs, act, None, scale), x, bias, out), A.device)
+            pool.append(replay)
+        if replay is None:
+            return launch(A, x, out, bias, act, res, scale)
+        return replay(x, bias)
+
+    return run
 
 
 def _dense_launcher(A, x, out, bias, act, res, scale):
