@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from . import ops
+from .dispatch import direct_launches
 from .epilogue import apply_epilogue, check_activation
 from .formats import CSR, BlockSparse, SparseFormat, transposed
 
@@ -88,8 +89,9 @@ def _autograd(op, backward, setup_context):
 @_operator("linear(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
 def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
             residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
-    y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
-    return y if y._base is None else y.clone()  # an operator returns memory of its own
+    with direct_launches():  # an operator returns memory of its own, never a graph's static output
+        y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
+    return y if y._base is None else y.clone()
 
 
 @_fake(_linear)
@@ -102,7 +104,8 @@ def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
 
 @_operator("spmm(Tensor[] weight, str spec, Tensor X, ScalarType? out_dtype) -> Tensor")
 def _spmm(weight: list[Tensor], spec: str, X: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
-    return ops.spmm(format_of(weight, spec), X, out_dtype=out_dtype)
+    with direct_launches():
+        return ops.spmm(format_of(weight, spec), X, out_dtype=out_dtype)
 
 
 @_fake(_spmm)
@@ -117,7 +120,8 @@ def _(weight, spec, X, out_dtype):
 def _grad_input(dy: Tensor, weight: list[Tensor], spec: str) -> Tensor:
     """dy @ A: linear with A's transpose (a format built once per weight, values refreshed)."""
     A = format_of(weight, spec)
-    return ops.linear(dy.to(A.dtype), transposed(A))
+    with direct_launches():
+        return ops.linear(dy.to(A.dtype), transposed(A))
 
 
 @_fake(_grad_input)
@@ -220,7 +224,8 @@ def _sddmm_backward(ctx, dvalues):
 def _pattern_product(values: Tensor, pattern: list[Tensor], spec: str, X: Tensor, transpose: bool) -> Tensor:
     """S @ X (or S^T @ X) for S the pattern holding `values`."""
     S = format_of(pattern, spec)._with_values_trusted(values.to(X.dtype))
-    return ops.spmm(transposed(S) if transpose else S, X)
+    with direct_launches():
+        return ops.spmm(transposed(S) if transpose else S, X)
 
 
 @_fake(_pattern_product)

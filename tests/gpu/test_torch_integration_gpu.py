@@ -110,8 +110,8 @@ def test_decode_calls_replayed_from_graphs(pattern, sparsity):
             y = model(x)
             assert rel_err(y, reference(model, x)) < TOL, f"call {i}"
             held.append((x, y))
-        for x, y in held:  # six outputs held at once: each still its own call's
-            assert rel_err(y, reference(model, x)) < TOL
+        for i, (x, y) in enumerate(held):  # six outputs held at once: each still its own call's
+            assert rel_err(y, reference(model, x)) < TOL, f"held output {i}"
         model.up.weight_values.mul_(-0.5)
         x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
-        assert rel_err(model(x), reference(model, x)) < TOL
+        assert rel_err(model(x), reference(model, x)) < TOL, "after an in-place update"
