@@ -221,33 +221,6 @@ GRAPH_MAX_TOKENS = 64  # decode: a Triton launch from Python costs more host tim
 _GRAPHS_PER_CALL = 4  # outputs a caller may hold at once before calls launch directly again
 
 
-class _Replay:
-    """One captured call of a launcher: x and bias copied into static inputs, the static output
-    handed out, and replayed again only once no caller holds it."""
-
-    def __init__(self, run, x, bias, out):
-        self.x, self.bias = x.clone(), None if bias is None else bias.clone()
-        out = torch.empty_like(out)
-        run(self.x, out, self.bias)  # compiled and warm before the capture
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.y = run(self.x, out, self.bias)
-        self._unheld = self._uses()
-
-    def _uses(self) -> int:
-        return torch._C._storage_Use_Count(self.y.untyped_storage()._cdata)
-
-    def free(self) -> bool:
-        return self._uses() == self._unheld
-
-    def __call__(self, x, bias):
-        self.x.copy_(x)
-        if bias is not None:
-            self.bias.copy_(bias)
-        self.graph.replay()
-        return self.y[...]  # a view: while a caller holds it, the storage counts one more use
-
-
 def _graphed(launch, key):
     """`launch` replayed from a CUDA graph per (call key, x's strides, scale): a few µs of host
     time instead of Triton's Python launch. The graphs read the weight's tensors and layouts, so
@@ -260,12 +233,14 @@ def _graphed(launch, key):
         pool = memo(A, "_graphs", dict).setdefault((key, x.stride(), scale), [])
         replay = next((g for g in pool if g.free()), None)
         if replay is None and len(pool) < _GRAPHS_PER_CALL:
-            replay = outside_graph_pools(lambda: _Replay(
-                lambda xs, outs, bs: launch(A, xs, outs, bs, act, None, scale), x, bias, out), A.device)
+            static_out = torch.empty_like(out)
+            replay = outside_graph_pools(lambda: backends.GraphReplay(
+                lambda xs, bs: launch(A, xs, static_out, bs, act, None, scale),
+                x.clone(), None if bias is None else bias.clone()), A.device)
             pool.append(replay)
         if replay is None:
             return launch(A, x, out, bias, act, res, scale)
-        return replay(x, bias)
+        return replay(x, bias)[...]  # a view: while a caller holds it, the storage counts one more use
 
     return run
 

@@ -60,39 +60,13 @@ def search_alg(A, n: int) -> int:
     return per[n]
 
 
-class _Graph:
+def _graph(A, n: int, alg: int, with_bias: bool) -> _common.GraphReplay:
     """One captured `_cslt_sparse_mm`: static x (n_pad, K), optional static bias, output (M, n_pad)."""
-
-    def __init__(self, A, n: int, alg: int, with_bias: bool):
-        wc = compressed(A)
-        M, K = A.shape
-        self.x = torch.zeros(_padded(n), K, dtype=A.dtype, device=A.device)
-        self.bias = torch.zeros(M, dtype=A.dtype, device=A.device) if with_bias else None
-        run = lambda: torch._cslt_sparse_mm(wc, self.x.t(), self.bias, alg_id=alg)  # noqa: E731
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the capture (plan, workspace)
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.y = run()  # (M, n_pad)
-        self._unheld = self._uses()
-
-    def _uses(self) -> int:
-        return torch._C._storage_Use_Count(self.y.untyped_storage()._cdata)
-
-    def free(self) -> bool:
-        """Whether no tensor handed out still views the static output (so a replay may overwrite it)."""
-        return self._uses() == self._unheld
-
-    def __call__(self, x, bias):
-        n = x.shape[0]
-        self.x[:n].copy_(x)
-        if self.bias is not None:
-            self.bias.copy_(bias)
-        self.graph.replay()
-        return self.y[:, :n]
+    wc = compressed(A)
+    M, K = A.shape
+    x = torch.zeros(_padded(n), K, dtype=A.dtype, device=A.device)
+    bias = torch.zeros(M, dtype=A.dtype, device=A.device) if with_bias else None
+    return _common.GraphReplay(lambda x, bias: torch._cslt_sparse_mm(wc, x.t(), bias, alg_id=alg), x, bias)
 
 
 def _check(A, x):
@@ -125,11 +99,11 @@ def _product(A, x, alg: int, bias):
     pool = graphs.setdefault((_padded(x.shape[0]), alg, bias is not None), [])
     g = next((g for g in pool if g.free()), None)
     if g is None and len(pool) < MAX_GRAPHS:
-        g = _Graph(A, x.shape[0], alg, bias is not None)
+        g = _graph(A, x.shape[0], alg, bias is not None)
         pool.append(g)
     if g is None:  # every output still held by a caller: never overwrite one
         return _eager(A, x, alg, bias)
-    return g(x, bias)
+    return g(x, bias)[:, : x.shape[0]]
 
 
 def run(A, x, out, alg: int, *, bias=None, activation=None, residual=None, scale=1.0):
