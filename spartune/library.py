@@ -282,6 +282,15 @@ _autograd(_sparse_softmax, _softmax_backward, setup_context=_save_softmax)
 
 
 # --- the public ops --------------------------------------------------------------------------------
+def _check_format(op: str, A, *tensors) -> None:
+    """The operator route's own first checks (the eager ops check the rest, before any kernel)."""
+    if not isinstance(A, SparseFormat):
+        raise TypeError(f"{op}: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+    for name, t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def _records(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
 
@@ -296,8 +305,7 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     grad = _records(x, getattr(A, "values", None), bias, residual)
     if not grad and not torch.compiler.is_compiling():
         return ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype)
-    if not isinstance(A, SparseFormat):
-        raise TypeError(f"linear: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+    _check_format("linear", A, ("x", x))
     if not grad:
         return _linear(x, A.tensor_list(), A.spec, bias, activation, residual, float(scale), out_dtype)
     check_activation(activation)  # autograd differentiates the activation and residual as torch ops
@@ -318,8 +326,7 @@ def spmm(A, X, *, out_dtype=None):
     differentiable and traceable like it."""
     if not _records(X, getattr(A, "values", None)) and not torch.compiler.is_compiling():
         return ops.spmm(A, X, out_dtype=out_dtype)
-    if not isinstance(A, SparseFormat):
-        raise TypeError(f"spmm: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
+    _check_format("spmm", A, ("X", X))
     return _spmm(A.tensor_list(), A.spec, X, out_dtype)
 
 

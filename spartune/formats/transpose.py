@@ -24,6 +24,8 @@ def transposed(A: SparseFormat) -> SparseFormat:
     optimizer step) its values are refreshed in place by one gather, without a host sync. They
     are a detached copy: the weight gradient comes from `A.gather`, not through A^T.
     """
+    if not isinstance(A, SparseFormat):
+        raise TypeError(f"transposed: A must be a spartune format, got {type(A).__name__}")
     own = A.__dict__.get(_OWN)
     version = A.values._version
     if own is None:

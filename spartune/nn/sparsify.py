@@ -51,6 +51,10 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     memory of each layer. A layer that fails to convert raises, naming it, and leaves the model
     as it was: every layer is built before any is swapped in.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"sparsify: model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"sparsify: tokens must be a positive int, got {tokens!r}")
     plan = _plan(model, pattern, sparsity, filter_fn)
     reports, replacements, made = {}, {}, {}  # made: id(dense weight) -> (name, SparseLinear, bias)
     attention = {}  # MultiheadAttention name -> its SparseMultiheadAttention

@@ -120,3 +120,8 @@ def test_trainable_values_give_a_detached_transpose():
     with torch.no_grad():
         A.values.sub_(0.5)
     assert transposed(A) is T and torch.equal(T.to_dense(), A.to_dense().detach().T)
+
+
+def test_transposed_takes_a_format_only():
+    with pytest.raises(TypeError, match="must be a spartune format"):
+        transposed(torch.randn(3, 3))

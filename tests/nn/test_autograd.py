@@ -261,3 +261,18 @@ def test_finetune_recovery_example(monkeypatch, capsys):
         assert after.keys() == r["index_before"].keys() and after
         for name, before in r["index_before"].items():
             assert torch.equal(after[name], before), (r["pattern"], name)
+
+
+def test_the_differentiable_route_rejects_bad_inputs_before_any_kernel():
+    A = st.sparsify_weight(torch.randn(32, 48), "csr", 0.5)
+    A = A.with_values(A.values.detach().requires_grad_())  # autograd records: the operator route
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        st.linear([[1.0] * 48], A)
+    with pytest.raises(TypeError, match="X must be a torch.Tensor"):
+        st.spmm(A, [[1.0]])
+    with pytest.raises(TypeError, match="A must be a spartune format"):
+        st.linear(torch.randn(3, 48, requires_grad=True), torch.randn(32, 48))
+    with pytest.raises(ValueError, match="last dimension 48"):
+        st.linear(torch.randn(3, 40), A)
+    with pytest.raises(TypeError, match="dtype"):
+        st.linear(torch.randn(3, 48, dtype=torch.float64), A)

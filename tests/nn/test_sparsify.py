@@ -450,3 +450,12 @@ def test_bad_pattern_from_a_callable_fails_before_anything_is_pruned(monkeypatch
         sparsify(model, lambda name, m: 4, 0.5)
     assert pruned == []
     _assert_unchanged(model, modules, state)
+
+
+def test_bad_arguments_are_refused_before_anything_is_pruned():
+    model = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="tokens must be a positive int"):
+        sparsify(model, "csr", 0.5, dry_run=True, tokens=0)
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        sparsify(torch.randn(8, 8), "csr", 0.5)
+    assert type(model[0]) is nn.Linear
