@@ -8,7 +8,6 @@ A tuning-DB hit rebuilds the stored Config directly: no config space is ranked.
 """
 from __future__ import annotations
 
-import contextvars
 import os
 import weakref
 
@@ -202,21 +201,6 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
 
 
 # --- decode calls replayed from CUDA graphs ------------------------------------------------------
-_direct = contextvars.ContextVar("spartune_direct_launch", default=False)
-
-
-def direct_launches():
-    """Within: every call launches its kernel, none replays a graph. The torch operators run so:
-    what they return must be memory of their own (torch.compile's CUDA graphs track it)."""
-    return _DirectLaunches()
-
-
-class _DirectLaunches:
-    def __enter__(self):
-        self.token = _direct.set(True)
-
-    def __exit__(self, *exc):
-        _direct.reset(self.token)
 GRAPH_MAX_TOKENS = 64  # decode: a Triton launch from Python costs more host time than the kernel runs
 _GRAPHS_PER_CALL = 4  # outputs a caller may hold at once before calls launch directly again
 
@@ -228,7 +212,7 @@ def _graphed(launch, key):
     from .formats import memo
 
     def run(A, x, out, bias, act, res, scale):
-        if _direct.get() or torch.cuda.is_current_stream_capturing():  # a caller's capture records the kernel
+        if not backends.replays_allowed():  # a caller's capture, or a torch operator: launch
             return launch(A, x, out, bias, act, res, scale)
         pool = memo(A, "_graphs", dict).setdefault((key, x.stride(), scale), [])
         replay = next((g for g in pool if g.free()), None)

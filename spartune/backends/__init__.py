@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 
 from ..formats import NM, BlockSparse, SparseFormat
-from ._common import GraphReplay
+from ._common import GraphReplay, direct_launches, replays_allowed
 from .cusparse import cusparse_linear
 from .cusparselt import cusparselt_linear, cusparselt_search_linear
 from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, value_order
 
-__all__ = ["GraphReplay", "library_backends", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
+__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
            "cusparselt_search_linear",
            "dense_sddmm", "dense_softmax", "value_order"]
 

@@ -3,6 +3,7 @@ of its values), torch's sparse warnings silenced, and the epilogue as separate t
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import warnings
 
 import torch
@@ -68,3 +69,23 @@ class GraphReplay:
             self.bias.copy_(bias)
         self.graph.replay()
         return self.y
+
+
+_direct = contextvars.ContextVar("spartune_direct_launch", default=False)
+
+
+@contextlib.contextmanager
+def direct_launches():
+    """Within: every call launches its kernel and no graph is replayed. The torch operators run
+    so: what they return must be memory of their own (torch.compile's CUDA graphs track it)."""
+    token = _direct.set(True)
+    try:
+        yield
+    finally:
+        _direct.reset(token)
+
+
+def replays_allowed() -> bool:
+    """Whether a call may replay a graph of its own: not inside a torch operator, not while the
+    caller's stream is being captured (the capture records the kernel itself)."""
+    return not _direct.get() and not torch.cuda.is_current_stream_capturing()

@@ -92,8 +92,9 @@ def _eager(A, x, alg: int, bias):
 def _product(A, x, alg: int, bias):
     """W @ x^T, shape (M, N) (y^T), with `bias` (or None) added per row: a view of the static
     output of a graph that no caller holds (replayed again only once every view of it is
-    dropped), or a tensor of its own (inside a capture, or all MAX_GRAPHS outputs held)."""
-    if torch.cuda.is_current_stream_capturing():
+    dropped), or a tensor of its own (inside a capture or a torch operator, or all MAX_GRAPHS
+    outputs held)."""
+    if not _common.replays_allowed():
         return _eager(A, x, alg, bias)
     graphs = _common.cached(A, "cslt_graphs", dict)
     pool = graphs.setdefault((_padded(x.shape[0]), alg, bias is not None), [])

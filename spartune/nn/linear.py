@@ -50,7 +50,7 @@ class SparseLinear(nn.Module):
     def _rebind(self, spec: str) -> None:
         """The format object over the module's current tensors (trusted: they are the checked
         format's, moved or cast), found by the operators for its tuned choices and memos."""
-        tensors = [getattr(self, f"weight_{name}") for name in self._weight_names]
+        tensors = self._weight_tensors()
         # a cast keeps the Parameter object (param.data = ...) and the integer buffers: compare memory too
         where = [(t.data_ptr(), t.dtype, t.device) for t in tensors]
         old = self.__dict__.get("_weight")
@@ -58,6 +58,9 @@ class SparseLinear(nn.Module):
                 a is not b for a, b in zip(old.tensor_list(), tensors)):
             self._weight = library.bind(SparseFormat.from_spec(spec, tensors, trusted=True))
             self._weight_where = where
+
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f"weight_{name}") for name in self._weight_names]
 
     @property
     def weight(self) -> SparseFormat:
@@ -113,8 +116,7 @@ class SparseLinear(nn.Module):
         if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
                 x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):
             # the operator, over the module's own tensors (what torch.compile lifts as inputs)
-            tensors = [getattr(self, f"weight_{name}") for name in self._weight_names]
-            return library.linear_op(x, tensors, self._weight.spec, bias)
+            return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias)
         return ops.linear(x, self._weight, bias)
 
     # --- state ---------------------------------------------------------------------------------------
