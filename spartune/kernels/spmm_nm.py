@@ -1,10 +1,14 @@
-"""2:4 SpMM for NM weights on the sparse tensor cores (mma.sp m16n8k32), fused epilogue.
+"""2:4 SpMM for NM weights on the sparse tensor cores, fused epilogue.
 
 out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual, in PyTorch's linear layout; x and
-out may have any strides (spmm's x = X.T runs on the same kernel). The first CUDA family: the
-template is src/spmm_nm.cu, the tile sizes its -D defines. The weight is packed once, in the
-order mma.sp's lanes hold it (cuda/sparse_mma.py), and memoised on the format object.
-A simple mma.sync kernel for decode and a baseline for prefill (wgmma.sp comes later).
+out may have any strides (spmm's x = X.T runs on the same kernels). Two variants of one family,
+chosen by the tuner per problem (`Config.variant`):
+- "mma" (src/spmm_nm.cu): warp-level `mma.sp.sync` m16n8k32 on sm_80+, x staged by hand, K split
+  across warps: decode, where the weight's bytes are the floor;
+- "wgmma" (src/spmm_nm_wgmma.cu): Hopper's warpgroup `wgmma.mma_async.sp` (sm_90a) fed by TMA
+  through a producer/consumer pipeline of shared-memory stages: prefill, where the math is.
+The weight is packed once per layout, in the order the instructions' lanes hold it
+(cuda/sparse_mma.py; wgmma.sp keeps mma.sp's per-warp layout), and memoised on the format object.
 """
 from __future__ import annotations
 
@@ -26,11 +30,23 @@ SMEM_BYTES = 48 * 1024  # static shared memory: the x tile must fit without opti
 
 @dataclass(frozen=True)
 class Config:
-    bm: int  # rows of A per CTA (multiple of 16)
-    bn: int  # tokens per CTA (multiple of 8)
+    bm: int  # rows of A per CTA (multiple of 16; wgmma: 128 or 256)
+    bn: int  # tokens per CTA (multiple of 8; wgmma: 64, 128 or 256)
     num_warps: int
-    warps_k: int = 1  # of the warps, how many split K (decode: few row tiles, so parallelism in K)
-    ksteps: int = 4  # 32-wide K steps per warp and staged chunk of x
+    warps_k: int = 1  # mma: of the warps, how many split K (decode: few row tiles, so parallelism in K)
+    ksteps: int = 4  # mma: 32-wide K steps per warp and staged chunk of x
+    variant: str = "mma"  # "mma" (mma.sp.sync, sm_80+) | "wgmma" (wgmma.sp + TMA, sm_90a)
+    stages: int = 2  # wgmma: shared-memory stages of the pipeline (64 of K each)
+
+
+# Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
+# cuBLAS's dense rate that the cost model's tensor-core rate stands for: a variant's mma_flops
+# feature is its dense-equivalent flops scaled by DENSE / peak, so the model ranks the variants
+# by how fast their instruction really is.
+MMA_SP_PEAK, WGMMA_SP_PEAK, DENSE_PEAK = 954.0, 1720.0, 765.0
+WGMMA_THREADS = 384  # a producer warpgroup and two consumers
+WGMMA_BK = 64  # K per stage: one 128-byte swizzled row of x
+SMEM_LIMIT_HOPPER = 227 * 1024
 
 
 def _warp_grid(config: Config) -> tuple[int, int] | None:
@@ -46,16 +62,41 @@ def _warp_grid(config: Config) -> tuple[int, int] | None:
 
 
 def _smem_bytes(config: Config) -> int:
-    """The staged x chunk, or the K parts' partial sums where larger (they share the buffer)."""
+    """mma: the staged x chunk, or the K parts' partial sums where larger (they share the
+    buffer). wgmma: the stages (x box, A values, metadata), or the output tile staged for the
+    epilogue where larger, plus the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
+    if config.variant == "wgmma":
+        stage = config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
+        tile = config.bn * (config.bm + 4) * 4
+        return max(config.stages * stage, tile) + 16 * config.stages + 1024
     x_tile = config.bn * (32 * config.ksteps * config.warps_k + 8) * 2
     partial = (config.warps_k - 1) * config.bm * config.bn * 4
     return max(x_tile, partial)
 
 
 def space(problem: Problem) -> list[Config]:
-    """Valid configs: only 2:4 in fp16/bf16 runs on mma.sp (fp32 falls back to other backends)."""
+    """Valid configs: only 2:4 in fp16/bf16 runs on mma.sp (fp32 falls back to other backends);
+    the wgmma variant on Hopper (sm_90) with K a multiple of 8 (TMA's 16-byte row pitch)."""
     if problem.fmt != "2:4" or problem.dtype not in DTYPES:
         return []
+    return _mma_space(problem) + _wgmma_space(problem)
+
+
+def _wgmma_space(problem: Problem) -> list[Config]:
+    if not problem.device.endswith("sm_90") or problem.k % 8:
+        return []
+    out = []
+    for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
+        if bn > max(64, problem.n * 2):  # no tile wider than twice the tokens
+            continue
+        for stages in (3, 4, 5, 6):
+            cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages)
+            if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
+                out.append(cfg)
+    return out
+
+
+def _mma_space(problem: Problem) -> list[Config]:
     n_cap = max(8, 1 << math.ceil(math.log2(max(problem.n, 1))))
     out = []
     for bn in (8, 16, 32, 64, 128):
@@ -75,6 +116,8 @@ _DECODE = [(16, 4, 4), (32, 4, 2), (32, 4, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
+    if config.variant == "wgmma":
+        return _wgmma_features(problem, config)
     elt = 2
     mt = math.ceil(problem.m / 16)
     kt = math.ceil(problem.k / 32)
@@ -97,7 +140,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
-        mma_flops=2.0 * tiles * config.bm * config.bn * k_pad / 2,  # sparse: half the math of dense
+        mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / MMA_SP_PEAK,
         fma_flops=0.0,
         dram_bytes=a_bytes + x_bytes + y_bytes,
         l2_bytes=a_l2 + x_l2 + y_bytes,
@@ -107,6 +150,32 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         num_warps=config.num_warps,
         num_stages=2,  # the next chunk's A and x loaded into registers while this one multiplies
         regs_per_thread=min(255, regs),
+    )
+
+
+def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
+    elt = 2
+    row_tiles = math.ceil(problem.m / config.bm)
+    strips = math.ceil(problem.n / config.bn)
+    tiles = row_tiles * strips
+    stages_k = math.ceil(problem.k / WGMMA_BK)
+    k_pad = stages_k * WGMMA_BK
+    a_bytes = row_tiles * config.bm * k_pad // 2 * elt + row_tiles * config.bm * k_pad // 8  # values + metadata
+    x_bytes = problem.n * problem.k * elt
+    y_bytes = problem.n * problem.m * elt
+    return KernelFeatures(
+        programs=tiles,
+        tiles=tiles,
+        mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / WGMMA_SP_PEAK,
+        fma_flops=0.0,
+        dram_bytes=a_bytes + x_bytes + y_bytes,
+        l2_bytes=strips * a_bytes + row_tiles * strips * config.bn * k_pad * elt + y_bytes,
+        steps_max=stages_k,
+        steps_mean=float(stages_k),
+        smem_bytes=_smem_bytes(config),
+        num_warps=config.num_warps,
+        num_stages=config.stages,
+        regs_per_thread=168,
     )
 
 
@@ -147,6 +216,38 @@ def _pack(A):
     return v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt
 
 
+def packed_wgmma(A, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(values, metadata, K stages) for the wgmma variant with BM = bm: the mma.sp order of
+    `packed`, regrouped so that each (bm rows, 64 of K) stage is one contiguous run of values
+    (K step, 16-row tile, lane) and one of metadata, which the kernel's producer moves with one
+    bulk copy each. Rows pad to bm and K to 64 (zero values, valid metadata)."""
+    return memo(A, f"_nm_wgmma_packed_{bm}", lambda: _pack_wgmma(A, bm))
+
+
+_META_ZERO = 0x44444444  # positions (0, 1) in every group: valid metadata for zero values
+
+
+def _pack_wgmma(A, bm: int):
+    values, meta, mt, kt = packed(A)
+    tiles, ksteps = bm // 16, WGMMA_BK // 32
+    mt_pad, kt_pad = math.ceil(mt / tiles) * tiles, math.ceil(kt / ksteps) * ksteps
+    values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, kt_pad - kt, 0, mt_pad - mt))
+    meta = torch.nn.functional.pad(meta, (0, 0, 0, kt_pad - kt, 0, mt_pad - mt), value=_META_ZERO)
+    stages = kt_pad // ksteps
+    values = values.reshape(mt_pad // tiles, tiles, stages, ksteps, 32, 8).permute(0, 2, 3, 1, 4, 5)
+    meta = meta.reshape(mt_pad // tiles, tiles, stages, ksteps, 16).permute(0, 2, 3, 1, 4)
+    return values.contiguous(), meta.contiguous(), stages
+
+
+def release_unused(A, configs) -> None:
+    """Each BM of the wgmma variant keeps its own copy of the packed weight: drop the copies no
+    chosen config reads."""
+    kept = {c.bm for c in configs if c.variant == "wgmma"}
+    for bm in (128, 256):
+        if bm not in kept:
+            A.__dict__.pop(f"_nm_wgmma_packed_{bm}", None)
+
+
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
 _NULL = np.uint64(0)  # an absent bias / residual (a bare 0 would be passed as an int32)
 
@@ -160,6 +261,10 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 
 
 def _instance(config: Config, dtype: torch.dtype):
+    if config.variant == "wgmma":
+        return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
+            "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
+            "STAGES": config.stages}, arch_specific=True)
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
         "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps})
@@ -168,6 +273,8 @@ def _instance(config: Config, dtype: torch.dtype):
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
            scale=1.0):
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
+    if config.variant == "wgmma":
+        return _launch_wgmma(A, x, out, config, bias, activation, residual, scale)
     values, meta, mt, kt = packed(A)
     M, K = A.shape
     N = x.shape[0]
@@ -185,4 +292,26 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
            res.stride(1) if res is not None else 0, _CODES[out.dtype],
            _CODES[bias.dtype] if bias is not None else 0, _CODES[residual.dtype] if residual is not None else 0,
            ACTIVATION_CODES[activation], float(scale))
+    return out
+
+
+def _launch_wgmma(A, x, out, config: Config, bias, activation, residual, scale):
+    values, meta, stages_k = packed_wgmma(A, config.bm)
+    M, K = A.shape
+    N = x.shape[0]
+    if N == 0 or M == 0:
+        return out
+    if x.dtype != values.dtype:
+        raise TypeError(f"x must be {values.dtype} like the weight, got {x.dtype}")
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
+    kernel = _kernel(config, values.dtype, x.device)
+    x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
+    res = residual
+    grid = (values.shape[0], math.ceil(N / config.bn), 1)
+    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, out, bias if bias is not None else _NULL,
+           res if res is not None else _NULL, M, N, stages_k, out.stride(0), out.stride(1),
+           res.stride(0) if res is not None else 0, res.stride(1) if res is not None else 0, _CODES[out.dtype],
+           _CODES[bias.dtype] if bias is not None else 0, _CODES[residual.dtype] if residual is not None else 0,
+           ACTIVATION_CODES[activation], float(scale), shmem=_smem_bytes(config))
     return out

@@ -162,3 +162,104 @@ def test_through_spartune_linear(dtype, N):
     assert rel(y, reference(x, w, bias, "gelu")) <= TOL
     y = st.linear(x, A, bias, "gelu")  # the cached choice
     assert rel(y, reference(x, w, bias, "gelu")) <= TOL
+
+
+# ---- the wgmma variant (Hopper) ----
+
+def hopper_problem(A, n):
+    from spartune.tune.device import device_name
+
+    return Problem("linear", A.signature, *A.shape, n, str(A.dtype).split(".")[-1], A.stats(), device=device_name())
+
+
+def wgmma_space(A, n):
+    configs = [c for c in K.space(hopper_problem(A, n)) if c.variant == "wgmma"]
+    if not configs:
+        pytest.skip("the wgmma variant needs a Hopper GPU (sm_90)")
+    return configs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_every_config(dtype):
+    M, Kd, N = 300, 328, 300  # neither a multiple of the tiles
+    w = random_2to4(M, Kd, dtype, 11)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    for cfg in wgmma_space(A, N):
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M, Kd", [(100, 72), (16, 32), (1000, 776), (4096, 4096)])
+@pytest.mark.parametrize("N", [1, 7, 77, 1000])
+def test_wgmma_odd_shapes(dtype, M, Kd, N):
+    w = random_2to4(M, Kd, dtype, M + Kd + 1)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    configs = wgmma_space(A, N)
+    for cfg in {configs[0], configs[-1]}:
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("out_dtype", ["same", torch.float32])
+def test_wgmma_every_epilogue(dtype, activation, out_dtype):
+    M, Kd, N = 260, 136, 70
+    w = random_2to4(M, Kd, dtype, 13)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    cfg = wgmma_space(A, N)[0]
+    odt = dtype if out_dtype == "same" else out_dtype
+    for kw in (dict(bias=bias), dict(residual=res), dict(bias=bias, residual=res, scale=0.5), {}):
+        out = torch.full((N, M), float("nan"), device="cuda", dtype=odt)
+        run(A, x, cfg, out=out, activation=activation, **kw)
+        assert not out.isnan().any()
+        assert rel(out, reference(x, w, activation=activation, **kw)) <= TOL, kw
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_strided_x_and_out(dtype):
+    M, Kd, N = 200, 72, 90
+    w = random_2to4(M, Kd, dtype, 14)
+    A = st.NM.from_dense(w, 2, 4)
+    cfg = wgmma_space(A, N)[-1]
+    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # the spmm layout: copied for TMA
+    out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    res = torch.randn(M, N, device="cuda", dtype=dtype).T
+    run(A, x, cfg, out=out_t.T, residual=res)
+    assert rel(out_t.T, reference(x, w, residual=res)) <= TOL
+    xp = torch.randn(N, Kd + 8, device="cuda", dtype=dtype)[:, :Kd]  # a padded row pitch, read in place
+    wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
+    run(A, xp, cfg, out=wide[:, 2:2 + M])
+    assert rel(wide[:, 2:2 + M], reference(xp, w)) <= TOL
+    assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_cuda_graph_capture(dtype):
+    M, Kd, N = 512, 1024, 256
+    w = random_2to4(M, Kd, dtype, 15)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    out = torch.empty(N, M, device="cuda", dtype=dtype)
+    cfg = wgmma_space(A, N)[-1]
+    run(A, x, cfg, out=out)  # compile and pack before capturing
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        K.launch(A, x, out, cfg)
+    out.fill_(float("nan"))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(out, reference(x, w)) <= TOL

@@ -6,6 +6,7 @@ Python ints as int32, allocates nothing, never synchronises, and goes on
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numpy as np
@@ -116,12 +117,27 @@ class LoadedKernel:
 
     def __call__(self, grid, block, *args, shmem: int = 0) -> None:
         """Launch on the current stream. Host time matters (PERF-NOTES.md): a launch is a few
-        dict lookups and cuda.core's launch, nothing more."""
+        dict lookups and cuda.core's launch, nothing more. An argument given as `bytes` is a
+        struct passed by value (a TMA descriptor from `tensor_map_2d`): such launches go through
+        the driver directly, since cuda.core passes scalars and pointers only."""
+        if any(isinstance(a, bytes) for a in args):
+            return self._launch_by_value(grid, block, args, shmem)
         config = self._configs.get((grid, block, shmem))
         if config is None:
             config = self._config(grid, block, shmem)
         stream = _stream(_current_stream_handle(self.device_index))
         self._launch(stream, config, self.kernel, *[_argument(a, self.device_index) for a in args])
+
+    def _launch_by_value(self, grid, block, args, shmem: int) -> None:
+        from cuda.bindings import driver
+
+        if shmem > self._shmem_limit:
+            self.allow_shared_memory(shmem)
+        held = [_by_value(a, self.device_index) for a in args]  # alive until the launch returns
+        params = (ctypes.c_void_p * len(held))(*[ctypes.addressof(h) for h in held])
+        stream = driver.CUstream(_current_stream_handle(self.device_index))
+        (err,) = driver.cuLaunchKernel(self.kernel.handle, *grid, *block, shmem, stream, ctypes.addressof(params), 0)
+        _check(err, f"launching {self.instance.describe()}")
 
     def _config(self, grid, block, shmem: int):
         if shmem > self._shmem_limit:
@@ -149,6 +165,42 @@ class LoadedKernel:
     @property
     def registers(self) -> int:
         return self.kernel.attributes.num_regs
+
+
+def _by_value(value, device_index: int):
+    """A kernel argument as the ctypes object whose bytes the driver copies."""
+    if isinstance(value, bytes):
+        return (ctypes.c_ubyte * len(value)).from_buffer_copy(value)
+    if isinstance(value, torch.Tensor):
+        return ctypes.c_uint64(_argument(value, device_index))
+    if isinstance(value, (bool, int)):
+        return ctypes.c_int32(value)
+    if isinstance(value, float):
+        return ctypes.c_float(value)
+    if isinstance(value, np.uint64):
+        return ctypes.c_uint64(int(value))
+    raise TypeError(f"unsupported kernel argument {type(value).__name__}")
+
+
+def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a 2-D fp16/bf16 tensor with unit column
+    stride, read in boxes of box_cols x box_rows elements with 128-byte swizzle (box_cols * 2
+    must be 128) and zeros out of bounds. The kernel takes it as a `__grid_constant__` struct."""
+    from cuda.bindings import driver
+
+    kinds = {torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
+    rows, cols = t.shape
+    if t.dtype not in kinds or t.stride(1) != 1 or (t.stride(0) * 2) % 16 or t.data_ptr() % 16:
+        raise ValueError("tensor_map_2d needs an fp16/bf16 tensor with unit column stride, 16-byte aligned rows")
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        kinds[t.dtype], 2, t.data_ptr(), [u64(cols), u64(rows)], [u64(t.stride(0) * 2)], [u32(box_cols), u32(box_rows)],
+        [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    _check(err, "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tmap.getPtr(), 128)
 
 
 def _check(err, what: str) -> None:

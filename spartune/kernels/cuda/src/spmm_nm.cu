@@ -10,9 +10,7 @@
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include "epilogue.cuh"
 #include "mma_sp.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(BM) || !defined(BN) || !defined(WARPS) || !defined(KSTEPS)
@@ -40,33 +38,6 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 static_assert(BM % 16 == 0 && BN % 8 == 0, "BM must be a multiple of 16 and BN of 8");
 static_assert(WARPS_MN * WARPS_K == WARPS, "WARPS_K must divide WARPS");
 static_assert(WARPS_M * WARPS_N == WARPS_MN && MT % WARPS_M == 0 && NT % WARPS_N == 0, "warps must tile the CTA");
-
-// dtype codes of the epilogue tensors: 0 fp16, 1 bf16, 2 fp32
-__device__ __forceinline__ float load_as_float(const void* p, long long i, int code) {
-  if (code == 0) return __half2float(reinterpret_cast<const __half*>(p)[i]);
-  if (code == 1) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  return reinterpret_cast<const float*>(p)[i];
-}
-
-__device__ __forceinline__ void store_from_float(void* p, long long i, int code, float v) {
-  if (code == 0) reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
-  else if (code == 1) reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else reinterpret_cast<float*>(p)[i] = v;
-}
-
-// activation codes of kernels/_epilogue.py: 0 none, 1 relu, 2 gelu, 3 gelu_tanh, 4 silu
-__device__ __forceinline__ float activate(float v, int act) {
-  switch (act) {
-    case 1: return fmaxf(v, 0.f);
-    case 2: return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
-    case 3: {
-      const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-      return v / (1.f + __expf(-2.f * inner));
-    }
-    case 4: return v / (1.f + __expf(-v));
-    default: return v;
-  }
-}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -220,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   }
 
   // epilogue: lane (g, t) holds rows g, g + 8 of each slice at tokens 2t, 2t + 1
+  const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < WM; ++i)
@@ -227,16 +199,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int h = 0; h < 2; ++h) {
       const int m = (mt0 + i) * 16 + g + 8 * h;
       if (m >= M) continue;
-      const float b_m = bias ? load_as_float(bias, m, bias_code) : 0.f;
+      const float b_m = epi.bias_of(m);
 #pragma unroll
       for (int j = 0; j < WN; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = n_cta + (warp_n * WN + j) * 8 + 2 * t + e;
-          if (n >= N) continue;
-          float v = activate(acc[i][j][2 * h + e] * scale + b_m, act);
-          if (residual) v += load_as_float(residual, (long long)n * srn + (long long)m * srm, res_code);
-          store_from_float(out, (long long)n * son + (long long)m * som, out_code, v);
-        }
+        for (int e = 0; e < 2; ++e)
+          epi.store(m, n_cta + (warp_n * WN + j) * 8 + 2 * t + e, acc[i][j][2 * h + e], b_m);
     }
 }

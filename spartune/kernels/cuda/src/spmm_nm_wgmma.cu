@@ -1,0 +1,154 @@
+// 2:4 SpMM for prefill on Hopper's sparse warpgroup MMA (wgmma.mma_async.sp m64nNk32, sm_90a),
+// linear layout with the fused epilogue: out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
+// A CTA owns BM rows of A x BN tokens and walks K in stages of 64 (one 128-byte swizzle row of x):
+// - warpgroup 0 is the producer: one thread waits for a free stage, then loads the stage's x box
+//   with the tensor copy engine (TMA, 128-byte swizzle, zeros past N and K) and A's values and
+//   metadata with two bulk copies (the host packs them per (BM rows, K stage), in the order the
+//   consumers read them), all completing on the stage's `full` mbarrier;
+// - warpgroups 1 and 2 are the consumers, BM/2 rows each: each thread reads its A fragments and
+//   metadata word from shared memory (mma.sp m16n8k32's register order, which wgmma.sp keeps per
+//   warp), issues the stage's wgmma.sp with B (x) from shared memory, waits, and frees the stage.
+// The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
+// accumulators.
+//   SPARTUNE_BF16  0: fp16 operands, 1: bf16
+//   BM, BN, STAGES  rows of A (128, 256), tokens (64, 128, 256), shared-memory stages
+#include "epilogue.cuh"
+#include "wgmma_sp.cuh"
+
+#if !defined(SPARTUNE_BF16) || !defined(BM) || !defined(BN) || !defined(STAGES)
+#error "spmm_nm_wgmma.cu needs SPARTUNE_BF16, BM, BN and STAGES"
+#endif
+
+constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
+constexpr int BK = 32 * KS;                 // K per stage: 64 halves, one swizzled row of x
+constexpr int T = BM / 16;                  // 16-row tiles per CTA
+constexpr int WM = BM / 128;                // m64 sub-tiles per consumer warpgroup
+constexpr int ACC = BN / 2;                 // f32 accumulators per thread per m64 sub-tile
+constexpr int B_STAGE = BN * BK * 2;        // bytes of a stage's x box
+constexpr int A_STAGE = KS * T * 32 * 16;   // bytes of a stage's A values (16 per lane and tile)
+constexpr int E_STAGE = KS * T * 16 * 4;    // bytes of a stage's metadata (16 words per tile)
+constexpr unsigned STAGE_TX = B_STAGE + A_STAGE + E_STAGE;
+constexpr int PIPE_BYTES = STAGES * (B_STAGE + A_STAGE + E_STAGE);
+constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output tile (no bank conflicts)
+constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
+constexpr int SMEM_BYTES = (PIPE_BYTES > TILE_BYTES ? PIPE_BYTES : TILE_BYTES) + 2 * STAGES * 8 + 1024;  // + alignment
+static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
+static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
+static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
+
+// CUtensorMap's layout (cuda.h): 128 opaque bytes, 64-byte aligned.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
+template <int R>
+__device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], unsigned long long b, unsigned e) {
+  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32(d, a, b, e, 1);
+  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32(d, a, b, e, 1);
+  else spartune::wgmma_sp_m64n256k32(d, a, b, e, 1);
+}
+
+// a_values: (M / BM, k_stages, KS, T, 32 lanes) uint4; a_meta: (M / BM, k_stages, KS, T, 16) words
+// (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN. bias (M,) / residual
+// (N, M) may be null.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
+                  const unsigned* __restrict__ a_meta, void* __restrict__ out, const void* __restrict__ bias,
+                  const void* __restrict__ residual, int M, int N, int k_stages, int son, int som, int srn,
+                  int srm, int out_code, int bias_code, int res_code, int act, float scale) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
+  unsigned char* b_tiles = smem;                                            // swizzled x boxes, 1024-aligned
+  uint4* a_tiles = reinterpret_cast<uint4*>(b_tiles + STAGES * B_STAGE);
+  unsigned* e_tiles = reinterpret_cast<unsigned*>(b_tiles + STAGES * (B_STAGE + A_STAGE));
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
+  unsigned long long* empty = full + STAGES;
+
+  const int mb = blockIdx.x, n0 = blockIdx.y * BN;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      spartune::mbar_init(&full[s], 1);
+      spartune::mbar_init(&empty[s], 256);  // every consumer thread frees the stage
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer warpgroup
+    spartune::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
+      const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
+      for (int ks = 0; ks < k_stages; ++ks) {
+        const int s = ks % STAGES;
+        spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
+        spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
+        spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
+        spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
+        spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
+      }
+    }
+    return;
+  }
+
+  spartune::setmaxnreg_inc<232>();
+  const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+
+  float acc[WM][ACC];
+#pragma unroll
+  for (int i = 0; i < WM; ++i)
+#pragma unroll
+    for (int r = 0; r < ACC; ++r) acc[i][r] = 0.f;
+
+  for (int ks = 0; ks < k_stages; ++ks) {
+    const int s = ks % STAGES;
+    spartune::mbar_wait(&full[s], (ks / STAGES) & 1);
+    unsigned a[WM][KS][4], e[WM][KS];
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        const int tile = (c * WM + i) * 4 + warp;
+        const uint4 v = a_tiles[s * (A_STAGE / 16) + (kk * T + tile) * 32 + lane];
+        a[i][kk][0] = v.x, a[i][kk][1] = v.y, a[i][kk][2] = v.z, a[i][kk][3] = v.w;
+        e[i][kk] = e_tiles[s * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1)];
+      }
+    const unsigned long long b_desc = spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
+    spartune::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int i = 0; i < WM; ++i) wgmma_sp(acc[i], a[i][kk], b_desc + (kk * 32 * 2 >> 4), e[i][kk]);
+    spartune::wgmma_commit();
+    spartune::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
+    spartune::mbar_arrive(&empty[s]);
+  }
+
+  // epilogue: the accumulators go through shared memory (the stages are free once both
+  // consumers are past the last one), so that the stores run along m, coalesced, and the
+  // epilogue's code is one rolled loop. Thread (warp, g, t) holds, per m64 sub-tile and 8-token
+  // slice j, rows g and g + 8 of its warp's 16 at tokens 2t and 2t + 1.
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  float* tile = reinterpret_cast<float*>(smem);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < WM; ++i)
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int m = c * (BM / 2) + i * 64 + warp * 16 + g + 8 * (r >> 1), n = 8 * j + 2 * t + (r & 1);
+        tile[n * TILE_STRIDE + m] = acc[i][4 * j + r];
+      }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+#pragma unroll 1
+  for (int idx = threadIdx.x - 128; idx < BM * BN; idx += 256) {
+    const int n = idx / BM, m = idx % BM;
+    const int row = mb * BM + m;
+    if (row < M) epi.store(row, n0 + n, tile[n * TILE_STRIDE + m], epi.bias_of(row));
+  }
+}
