@@ -37,6 +37,7 @@ class Config:
     ksteps: int = 4  # mma: 32-wide K steps per warp and staged chunk of x
     variant: str = "mma"  # "mma" (mma.sp.sync, sm_80+) | "wgmma" (wgmma.sp + TMA, sm_90a)
     stages: int = 2  # wgmma: shared-memory stages of the pipeline (64 of K each)
+    group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -47,6 +48,7 @@ MMA_SP_PEAK, WGMMA_SP_PEAK, DENSE_PEAK = 954.0, 1720.0, 765.0
 WGMMA_THREADS = 384  # a producer warpgroup and two consumers
 WGMMA_BK = 64  # K per stage: one 128-byte swizzled row of x
 SMEM_LIMIT_HOPPER = 227 * 1024
+HOPPER_SMS, L2_REUSE_BYTES = 132, 40e6  # the H100's SMs; what of its 50 MB L2 reuse can count on
 
 
 def _warp_grid(config: Config) -> tuple[int, int] | None:
@@ -89,10 +91,11 @@ def _wgmma_space(problem: Problem) -> list[Config]:
     for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
         if bn > max(64, problem.n * 2):  # no tile wider than twice the tokens
             continue
-        for stages in (3, 4, 5, 6):
-            cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages)
-            if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
-                out.append(cfg)
+        for stages in (4, 5):
+            for group_m in (4, 8, 16, 32):
+                cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m)
+                if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
+                    out.append(cfg)
     return out
 
 
@@ -163,12 +166,19 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     a_bytes = row_tiles * config.bm * k_pad // 2 * elt + row_tiles * config.bm * k_pad // 8  # values + metadata
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
+    # DRAM reads under the grouped tile order: the CTAs running at once (one per SM) cover
+    # group_m row blocks x (SMs / group_m) token strips; A is read again for each such set of
+    # strips and x for each group, unless both fit in L2 together
+    a_reads = x_reads = 1.0
+    if a_bytes + x_bytes > L2_REUSE_BYTES:
+        a_reads = max(1.0, strips * config.group_m / HOPPER_SMS)
+        x_reads = max(1.0, row_tiles / config.group_m)
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / WGMMA_SP_PEAK,
         fma_flops=0.0,
-        dram_bytes=a_bytes + x_bytes + y_bytes,
+        dram_bytes=a_bytes * a_reads + x_bytes * x_reads + y_bytes,
         l2_bytes=strips * a_bytes + row_tiles * strips * config.bn * k_pad * elt + y_bytes,
         steps_max=stages_k,
         steps_mean=float(stages_k),
@@ -308,9 +318,10 @@ def _launch_wgmma(A, x, out, config: Config, bias, activation, residual, scale):
     kernel = _kernel(config, values.dtype, x.device)
     x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
     res = residual
-    grid = (values.shape[0], math.ceil(N / config.bn), 1)
+    row_blocks = values.shape[0]
+    grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
     kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, out, bias if bias is not None else _NULL,
-           res if res is not None else _NULL, M, N, stages_k, out.stride(0), out.stride(1),
+           res if res is not None else _NULL, M, N, stages_k, row_blocks, config.group_m, out.stride(0), out.stride(1),
            res.stride(0) if res is not None else 0, res.stride(1) if res is not None else 0, _CODES[out.dtype],
            _CODES[bias.dtype] if bias is not None else 0, _CODES[residual.dtype] if residual is not None else 0,
            ACTIVATION_CODES[activation], float(scale), shmem=_smem_bytes(config))

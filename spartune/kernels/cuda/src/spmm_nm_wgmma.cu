@@ -54,7 +54,7 @@ __device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], 
 extern "C" __global__ void __launch_bounds__(384, 1)
     spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
                   const unsigned* __restrict__ a_meta, void* __restrict__ out, const void* __restrict__ bias,
-                  const void* __restrict__ residual, int M, int N, int k_stages, int son, int som, int srn,
+                  const void* __restrict__ residual, int M, int N, int k_stages, int row_blocks, int group_m, int son, int som, int srn,
                   int srm, int out_code, int bias_code, int res_code, int act, float scale) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
@@ -64,7 +64,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
   unsigned long long* empty = full + STAGES;
 
-  const int mb = blockIdx.x, n0 = blockIdx.y * BN;
+  // tile order: groups of group_m row blocks, each group's tiles row block fastest, so that the
+  // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m)
+  const int tiles_n = (N + BN - 1) / BN, per_group = group_m * tiles_n;
+  const int first_m = blockIdx.x / per_group * group_m, in_group = blockIdx.x % per_group;
+  const int group_size = min(row_blocks - first_m, group_m);
+  const int mb = first_m + in_group % group_size, n0 = in_group / group_size * BN;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       spartune::mbar_init(&full[s], 1);
@@ -145,10 +150,30 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+  const bool packed_out = som == 1 && out_code != 2 && son % 8 == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
 #pragma unroll 1
-  for (int idx = threadIdx.x - 128; idx < BM * BN; idx += 256) {
-    const int n = idx / BM, m = idx % BM;
+  for (int idx = threadIdx.x - 128; idx < BM * BN / 8; idx += 256) {  // 8 rows of one token each
+    const int n = idx / (BM / 8), m = idx % (BM / 8) * 8;
     const int row = mb * BM + m;
-    if (row < M) epi.store(row, n0 + n, tile[n * TILE_STRIDE + m], epi.bias_of(row));
+    if (row >= M || n0 + n >= N) continue;
+    const float4 lo = *reinterpret_cast<const float4*>(tile + n * TILE_STRIDE + m);
+    const float4 hi = *reinterpret_cast<const float4*>(tile + n * TILE_STRIDE + m + 4);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    if (packed_out && row + 8 <= M) {  // one 16-byte store
+      unsigned short h[8];
+#pragma unroll 1
+      for (int q = 0; q < 8; ++q) {  // rolled: the epilogue's code once (unrolled, ptxas takes 20 s)
+        float y = spartune::activate(v[q] * scale + epi.bias_of(row + q), act);
+        if (residual) y += spartune::load_as_float(residual, (long long)(n0 + n) * srn + (long long)(row + q) * srm, res_code);
+        h[q] = out_code == 0 ? __half_as_ushort(__float2half_rn(y)) : __bfloat16_as_ushort(__float2bfloat16_rn(y));
+      }
+      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(out) + (long long)(n0 + n) * son + row) =
+          make_uint4(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16, h[4] | (unsigned)h[5] << 16,
+                     h[6] | (unsigned)h[7] << 16);
+    } else {
+#pragma unroll 1
+      for (int q = 0; q < 8; ++q)
+        if (row + q < M) epi.store(row + q, n0 + n, v[q], epi.bias_of(row + q));
+    }
   }
 }
