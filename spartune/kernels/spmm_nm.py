@@ -38,7 +38,6 @@ class Config:
     variant: str = "mma"  # "mma" (mma.sp.sync, sm_80+) | "wgmma" (wgmma.sp + TMA, sm_90a)
     stages: int = 2  # wgmma: shared-memory stages of the pipeline (64 of K each)
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
-    cluster_m: int = 1  # wgmma: CTAs per cluster sharing (multicasting) each x box
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -94,11 +93,9 @@ def _wgmma_space(problem: Problem) -> list[Config]:
             continue
         for stages in (4, 5):
             for group_m in (4, 8, 16, 32):
-                for cluster_m in (1, 2):
-                    cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m,
-                                 cluster_m=cluster_m)
-                    if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
-                        out.append(cfg)
+                cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m)
+                if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
+                    out.append(cfg)
     return out
 
 
@@ -176,14 +173,13 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     if a_bytes + x_bytes > L2_REUSE_BYTES:
         a_reads = max(1.0, strips * config.group_m / HOPPER_SMS)
         x_reads = max(1.0, row_tiles / config.group_m)
-    x_l2 = row_tiles * strips * config.bn * k_pad * elt / config.cluster_m  # multicast: one read per cluster
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / WGMMA_SP_PEAK,
         fma_flops=0.0,
         dram_bytes=a_bytes * a_reads + x_bytes * x_reads + y_bytes,
-        l2_bytes=strips * a_bytes + x_l2 + y_bytes,
+        l2_bytes=strips * a_bytes + row_tiles * strips * config.bn * k_pad * elt + y_bytes,
         steps_max=stages_k,
         steps_mean=float(stages_k),
         smem_bytes=_smem_bytes(config),
@@ -234,8 +230,7 @@ def packed_wgmma(A, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(values, metadata, K stages) for the wgmma variant with BM = bm: the mma.sp order of
     `packed`, regrouped so that each (bm rows, 64 of K) stage is one contiguous run of values
     (K step, 16-row tile, lane) and one of metadata, which the kernel's producer moves with one
-    bulk copy each. Rows pad to two row blocks of bm (a cluster's pair) and K to 64 (zero values,
-    valid metadata)."""
+    bulk copy each. Rows pad to bm and K to 64 (zero values, valid metadata)."""
     return memo(A, f"_nm_wgmma_packed_{bm}", lambda: _pack_wgmma(A, bm))
 
 
@@ -245,7 +240,7 @@ _META_ZERO = 0x44444444  # positions (0, 1) in every group: valid metadata for z
 def _pack_wgmma(A, bm: int):
     values, meta, mt, kt = packed(A)
     tiles, ksteps = bm // 16, WGMMA_BK // 32
-    mt_pad, kt_pad = math.ceil(mt / (2 * tiles)) * 2 * tiles, math.ceil(kt / ksteps) * ksteps
+    mt_pad, kt_pad = math.ceil(mt / tiles) * tiles, math.ceil(kt / ksteps) * ksteps
     values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, kt_pad - kt, 0, mt_pad - mt))
     meta = torch.nn.functional.pad(meta, (0, 0, 0, kt_pad - kt, 0, mt_pad - mt), value=_META_ZERO)
     stages = kt_pad // ksteps
@@ -279,7 +274,7 @@ def _instance(config: Config, dtype: torch.dtype):
     if config.variant == "wgmma":
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-            "STAGES": config.stages, "CLUSTER_M": config.cluster_m}, arch_specific=True)
+            "STAGES": config.stages}, arch_specific=True)
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
         "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps})
@@ -321,9 +316,9 @@ def _launch_wgmma(A, x, out, config: Config, bias, activation, residual, scale):
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
     kernel = _kernel(config, values.dtype, x.device)
-    x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn // config.cluster_m)
+    x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
     res = residual
-    row_blocks = values.shape[0] if config.cluster_m > 1 else math.ceil(M / config.bm)
+    row_blocks = values.shape[0]
     grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
     kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, out, bias if bias is not None else _NULL,
            res if res is not None else _NULL, M, N, stages_k, row_blocks, config.group_m, out.stride(0), out.stride(1),

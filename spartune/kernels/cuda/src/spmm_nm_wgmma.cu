@@ -10,21 +10,13 @@
 //   warp), issues the stage's wgmma.sp with B (x) from shared memory, waits, and frees the stage.
 // The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
 // accumulators.
-// With CLUSTER_M = 2, two CTAs of a cluster own adjacent row blocks of the same tokens: each
-// loads half of the x box and multicasts it to both (x is most of a stage's bytes, and L2's
-// bandwidth is what the single CTA runs into), and a stage is refilled once the consumers of
-// both CTAs have freed it.
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, STAGES  rows of A (128, 256), tokens (64, 128, 256), shared-memory stages
-//   CLUSTER_M  CTAs per cluster along the rows (1 or 2)
 #include "epilogue.cuh"
 #include "wgmma_sp.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(BM) || !defined(BN) || !defined(STAGES)
 #error "spmm_nm_wgmma.cu needs SPARTUNE_BF16, BM, BN and STAGES"
-#endif
-#ifndef CLUSTER_M
-#define CLUSTER_M 1
 #endif
 
 constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
@@ -42,8 +34,6 @@ constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
 constexpr int SMEM_BYTES = (PIPE_BYTES > TILE_BYTES ? PIPE_BYTES : TILE_BYTES) + 2 * STAGES * 8 + 1024;  // + alignment
 static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
-static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M must be 1 or 2");
-constexpr int BOX_N = BN / CLUSTER_M;       // x rows each CTA of a cluster loads
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
 
 // CUtensorMap's layout (cuda.h): 128 opaque bytes, 64-byte aligned.
@@ -59,14 +49,9 @@ __device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], 
 }
 
 // a_values: (M / BM, k_stages, KS, T, 32 lanes) uint4; a_meta: (M / BM, k_stages, KS, T, 16) words
-// (kernels/spmm_nm.py packs them, row blocks padded to a multiple of CLUSTER_M); x_map: x (N, K)
-// in boxes of BK x BOX_N. bias (M,) / residual (N, M) may be null.
-#if CLUSTER_M > 1
-#define SPARTUNE_CLUSTER __cluster_dims__(CLUSTER_M, 1, 1)
-#else
-#define SPARTUNE_CLUSTER
-#endif
-extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
+// (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN. bias (M,) / residual
+// (N, M) may be null.
+extern "C" __global__ void __launch_bounds__(384, 1)
     spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
                   const unsigned* __restrict__ a_meta, void* __restrict__ out, const void* __restrict__ bias,
                   const void* __restrict__ residual, int M, int N, int k_stages, int row_blocks, int group_m, int son, int som, int srn,
@@ -81,22 +66,18 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
 
   // tile order: groups of group_m row blocks, each group's tiles row block fastest, so that the
   // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m)
-  // (in units of clusters: a cluster's CTAs take adjacent row blocks of the same tokens)
-  const int rank = CLUSTER_M > 1 ? (int)spartune::cluster_rank() : 0;
-  const int cid = blockIdx.x / CLUSTER_M, row_groups = row_blocks / CLUSTER_M;
   const int tiles_n = (N + BN - 1) / BN, per_group = group_m * tiles_n;
-  const int first_m = cid / per_group * group_m, in_group = cid % per_group;
-  const int group_size = min(row_groups - first_m, group_m);
-  const int mb = (first_m + in_group % group_size) * CLUSTER_M + rank, n0 = in_group / group_size * BN;
+  const int first_m = blockIdx.x / per_group * group_m, in_group = blockIdx.x % per_group;
+  const int group_size = min(row_blocks - first_m, group_m);
+  const int mb = first_m + in_group % group_size, n0 = in_group / group_size * BN;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       spartune::mbar_init(&full[s], 1);
-      spartune::mbar_init(&empty[s], 8 * CLUSTER_M);  // each consumer warp of each CTA frees the stage
+      spartune::mbar_init(&empty[s], 256);  // every consumer thread frees the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // the peer's barriers exist before any copy
-  else __syncthreads();
+  __syncthreads();
 
   if (threadIdx.x < 128) {  // producer warpgroup
     spartune::setmaxnreg_dec<40>();
@@ -107,17 +88,11 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         const int s = ks % STAGES;
         spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
-        if constexpr (CLUSTER_M > 1)
-          spartune::tma_load_2d_multicast(b_tiles + s * B_STAGE + rank * BOX_N * BK * 2, &x_map, ks * BK,
-                                          n0 + rank * BOX_N, &full[s], (1u << CLUSTER_M) - 1);
-        else
-          spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
+        spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
         spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
         spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
     }
-    __syncwarp();
-    if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // stay until the peer's last arrivals
     return;
   }
 
@@ -154,17 +129,8 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     spartune::wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
-    __syncwarp();
-    if (lane == 0) {
-      if constexpr (CLUSTER_M > 1) {
-#pragma unroll
-        for (int r = 0; r < CLUSTER_M; ++r) spartune::mbar_arrive_cluster(&empty[s], r);
-      } else {
-        spartune::mbar_arrive(&empty[s]);
-      }
-    }
+    spartune::mbar_arrive(&empty[s]);
   }
-  if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // no arrival lands in a CTA that has left
 
   // epilogue: the accumulators go through shared memory (the stages are free once both
   // consumers are past the last one), so that the stores run along m, coalesced, and the
