@@ -161,7 +161,7 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     row_tiles = math.ceil(problem.m / config.bm)
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
-    stages_k = math.ceil(problem.k / WGMMA_BK)
+    stages_k = 2 * math.ceil(problem.k / (2 * WGMMA_BK))
     k_pad = stages_k * WGMMA_BK
     a_bytes = row_tiles * config.bm * k_pad // 2 * elt + row_tiles * config.bm * k_pad // 8  # values + metadata
     x_bytes = problem.n * problem.k * elt
@@ -230,7 +230,8 @@ def packed_wgmma(A, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(values, metadata, K stages) for the wgmma variant with BM = bm: the mma.sp order of
     `packed`, regrouped so that each (bm rows, 64 of K) stage is one contiguous run of values
     (K step, 16-row tile, lane) and one of metadata, which the kernel's producer moves with one
-    bulk copy each. Rows pad to bm and K to 64 (zero values, valid metadata)."""
+    bulk copy each. Rows pad to bm and K to 128, an even number of stages (zero values, valid
+    metadata): the kernel alternates two register sets between stages."""
     return memo(A, f"_nm_wgmma_packed_{bm}", lambda: _pack_wgmma(A, bm))
 
 
@@ -240,7 +241,7 @@ _META_ZERO = 0x44444444  # positions (0, 1) in every group: valid metadata for z
 def _pack_wgmma(A, bm: int):
     values, meta, mt, kt = packed(A)
     tiles, ksteps = bm // 16, WGMMA_BK // 32
-    mt_pad, kt_pad = math.ceil(mt / tiles) * tiles, math.ceil(kt / ksteps) * ksteps
+    mt_pad, kt_pad = math.ceil(mt / tiles) * tiles, math.ceil(kt / (2 * ksteps)) * 2 * ksteps  # stages in pairs
     values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, kt_pad - kt, 0, mt_pad - mt))
     meta = torch.nn.functional.pad(meta, (0, 0, 0, kt_pad - kt, 0, mt_pad - mt), value=_META_ZERO)
     stages = kt_pad // ksteps

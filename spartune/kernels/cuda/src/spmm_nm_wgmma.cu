@@ -42,10 +42,11 @@ struct alignas(64) TensorMap {
 };
 
 template <int R>
-__device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], unsigned long long b, unsigned e) {
-  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32(d, a, b, e, 1);
-  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32(d, a, b, e, 1);
-  else spartune::wgmma_sp_m64n256k32(d, a, b, e, 1);
+__device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], unsigned long long b, unsigned e,
+                                         int accumulate) {
+  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32(d, a, b, e, accumulate);
+  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32(d, a, b, e, accumulate);
+  else spartune::wgmma_sp_m64n256k32(d, a, b, e, accumulate);
 }
 
 // a_values: (M / BM, k_stages, KS, T, 32 lanes) uint4; a_meta: (M / BM, k_stages, KS, T, 16) words
@@ -100,37 +101,51 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
-  float acc[WM][ACC];
-#pragma unroll
-  for (int i = 0; i < WM; ++i)
-#pragma unroll
-    for (int r = 0; r < ACC; ++r) acc[i][r] = 0.f;
+  float acc[WM][ACC];  // no zeroing: the first wgmma overwrites (scale-d 0); an ordinary write
+                      // would stall the wgmma pipeline (ptxas C7515)
 
-  for (int ks = 0; ks < k_stages; ++ks) {
-    const int s = ks % STAGES;
-    spartune::mbar_wait(&full[s], (ks / STAGES) & 1);
-    unsigned a[WM][KS][4], e[WM][KS];
+  // Stage ks's A fragments go into register set ks % 2, so that its wgmmas are issued while
+  // stage ks - 1's still run (a register operand must stay untouched until its wgmma completes):
+  // wait<1> then retires stage ks - 1. The host pads K to an even number of stages.
+  unsigned a[2][WM][KS][4], e[2][WM][KS];
+#pragma unroll 1
+  for (int ks = 0; ks < k_stages; ks += 2) {
 #pragma unroll
-    for (int i = 0; i < WM; ++i)
+    for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
+      const int kp = ks + p, s = kp % STAGES;
+      spartune::mbar_wait(&full[s], (kp / STAGES) & 1);
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        const int tile = (c * WM + i) * 4 + warp;
-        const uint4 v = a_tiles[s * (A_STAGE / 16) + (kk * T + tile) * 32 + lane];
-        a[i][kk][0] = v.x, a[i][kk][1] = v.y, a[i][kk][2] = v.z, a[i][kk][3] = v.w;
-        e[i][kk] = e_tiles[s * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1)];
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          const int tile = (c * WM + i) * 4 + warp;
+          const uint4 v = a_tiles[s * (A_STAGE / 16) + (kk * T + tile) * 32 + lane];
+          a[p][i][kk][0] = v.x, a[p][i][kk][1] = v.y, a[p][i][kk][2] = v.z, a[p][i][kk][3] = v.w;
+          e[p][i][kk] = e_tiles[s * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1)];
+        }
+      const unsigned long long b_desc = spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
+      spartune::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int i = 0; i < WM; ++i)
+          wgmma_sp(acc[i], a[p][i][kk], b_desc + (kk * 32 * 2 >> 4), e[p][i][kk], kp > 0 || kk > 0);
+      spartune::wgmma_commit();
+      spartune::wgmma_wait<1>();  // stage kp - 1 (in set 1 - p) is done
+      if (kp > 0) {
+#pragma unroll
+        for (int i = 0; i < WM; ++i)
+#pragma unroll
+          for (int kk = 0; kk < KS; ++kk)
+            asm volatile("" ::"r"(a[1 - p][i][kk][0]), "r"(a[1 - p][i][kk][1]), "r"(a[1 - p][i][kk][2]),
+                         "r"(a[1 - p][i][kk][3]), "r"(e[1 - p][i][kk]));
+        spartune::mbar_arrive(&empty[(kp - 1) % STAGES]);
       }
-    const unsigned long long b_desc = spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
-    spartune::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-      for (int i = 0; i < WM; ++i) wgmma_sp(acc[i], a[i][kk], b_desc + (kk * 32 * 2 >> 4), e[i][kk]);
-    spartune::wgmma_commit();
-    spartune::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
-    spartune::mbar_arrive(&empty[s]);
+    }
   }
+  spartune::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
 
   // epilogue: the accumulators go through shared memory (the stages are free once both
   // consumers are past the last one), so that the stores run along m, coalesced, and the
