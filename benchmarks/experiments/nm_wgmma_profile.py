@@ -1,5 +1,5 @@
 """Probe: one launch of the wgmma variant for ncu (11008x4096 or 4096x11008, N = 2048, fp16).
-  ncu --section SpeedOfLight ... -k regex:spmm_nm_wgmma -c 1 python benchmarks/experiments/nm_wgmma_profile.py M K BM BN G"""
+  ncu --section SpeedOfLight ... -k regex:spmm_nm_wgmma -c 1 python benchmarks/experiments/nm_wgmma_profile.py M K BM BN G [--time]"""
 import sys
 
 import torch
@@ -19,3 +19,7 @@ K.packed_wgmma(A, bm)
 torch.cuda.synchronize()
 K.launch(A, x, out, cfg)
 torch.cuda.synchronize()
+if "--time" in sys.argv:
+    from spartune.tune.measure import time_callable
+
+    print(f"{cfg}: {time_callable(lambda: K.launch(A, x, out, cfg)) * 1e6:.1f} us")
