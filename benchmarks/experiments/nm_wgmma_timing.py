@@ -42,7 +42,7 @@ for (M, Kd) in shapes:
         best = None
         configs = [c for c in K.space(prob) if c.variant == "wgmma"]
         if quick:
-            configs = [c for c in configs if c.bn >= 128 and c.group_m >= 8]
+            configs = [c for c in configs if c.bn >= 128 and c.stages == 4]
         for cfg in configs:
             t0 = time.perf_counter()
             K.launch(A, x, out, cfg)

@@ -30,7 +30,7 @@ SMEM_BYTES = 48 * 1024  # static shared memory: the x tile must fit without opti
 
 @dataclass(frozen=True)
 class Config:
-    bm: int  # rows of A per CTA (multiple of 16; wgmma: 128)
+    bm: int  # rows of A per CTA (multiple of 16; wgmma: 128 or 256)
     bn: int  # tokens per CTA (multiple of 8; wgmma: 64, 128 or 256)
     num_warps: int
     warps_k: int = 1  # mma: of the warps, how many split K (decode: few row tiles, so parallelism in K)
@@ -68,7 +68,7 @@ def _smem_bytes(config: Config) -> int:
     buffer). wgmma: the stages (x box, A values, metadata), or the output tile staged for the
     epilogue where larger, plus the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
     if config.variant == "wgmma":
-        stage = config.bn * WGMMA_BK * 2  # the x box (A goes to registers from global memory)
+        stage = config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
         tile = config.bn * (config.bm + 4) * 4
         return max(config.stages * stage, tile) + 16 * config.stages + 1024
     x_tile = config.bn * (32 * config.ksteps * config.warps_k + 8) * 2
@@ -88,10 +88,10 @@ def _wgmma_space(problem: Problem) -> list[Config]:
     if not problem.device.endswith("sm_90") or problem.k % 8:
         return []
     out = []
-    for bm, bn in ((128, 64), (128, 128), (128, 256)):
+    for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
         if bn > max(64, problem.n * 2):  # no tile wider than twice the tokens
             continue
-        for stages in (4, 6):
+        for stages in (4, 5):
             for group_m in (4, 8, 16, 32):
                 cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m)
                 if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
@@ -254,7 +254,7 @@ def release_unused(A, configs) -> None:
     """Each BM of the wgmma variant keeps its own copy of the packed weight: drop the copies no
     chosen config reads."""
     kept = {c.bm for c in configs if c.variant == "wgmma"}
-    for bm in (128,):
+    for bm in (128, 256):
         if bm not in kept:
             A.__dict__.pop(f"_nm_wgmma_packed_{bm}", None)
 

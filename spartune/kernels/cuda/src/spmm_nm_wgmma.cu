@@ -2,19 +2,16 @@
 // linear layout with the fused epilogue: out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // A CTA owns BM rows of A x BN tokens and walks K in stages of 64 (one 128-byte swizzle row of x):
 // - warpgroup 0 is the producer: one thread waits for a free stage, then loads the stage's x box
-//   with the tensor copy engine (TMA, 128-byte swizzle, zeros past N and K), completing on the
-//   stage's `full` mbarrier;
-// - warpgroups 1 and 2 are the consumers, BM/2 rows each: each thread loads its A fragments and
-//   metadata word straight from global memory into registers (mma.sp m16n8k32's register order,
-//   which wgmma.sp keeps per warp; the host packs them per (BM rows, K stage)), two stages ahead,
-//   and issues the stage's wgmma.sp with B (x) from shared memory. Shared memory's bandwidth is
-//   the limit of this kernel: the tensor cores read B at 1/32 byte per dense-equivalent MAC, ~90%
-//   of it at wgmma.sp's peak, so A does not pass through it (it did in v1-v3: 10-15% slower).
+//   with the tensor copy engine (TMA, 128-byte swizzle, zeros past N and K) and A's values and
+//   metadata with two bulk copies (the host packs them per (BM rows, K stage), in the order the
+//   consumers read them), all completing on the stage's `full` mbarrier;
+// - warpgroups 1 and 2 are the consumers, BM/2 rows each: each thread reads its A fragments and
+//   metadata word from shared memory (mma.sp m16n8k32's register order, which wgmma.sp keeps per
+//   warp), issues the stage's wgmma.sp with B (x) from shared memory, waits, and frees the stage.
 // The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
 // accumulators.
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
-//   BM, BN, STAGES  rows of A (128; 256 needs more registers than ptxas gives a consumer under
-//                   the 384-thread bound), tokens (64, 128, 256), shared-memory stages
+//   BM, BN, STAGES  rows of A (128, 256), tokens (64, 128, 256), shared-memory stages
 #include "epilogue.cuh"
 #include "wgmma_sp.cuh"
 
@@ -30,12 +27,12 @@ constexpr int ACC = BN / 2;                 // f32 accumulators per thread per m
 constexpr int B_STAGE = BN * BK * 2;        // bytes of a stage's x box
 constexpr int A_STAGE = KS * T * 32 * 16;   // bytes of a stage's A values (16 per lane and tile)
 constexpr int E_STAGE = KS * T * 16 * 4;    // bytes of a stage's metadata (16 words per tile)
-constexpr unsigned STAGE_TX = B_STAGE;
-constexpr int PIPE_BYTES = STAGES * B_STAGE;
+constexpr unsigned STAGE_TX = B_STAGE + A_STAGE + E_STAGE;
+constexpr int PIPE_BYTES = STAGES * (B_STAGE + A_STAGE + E_STAGE);
 constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output tile (no bank conflicts)
 constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
 constexpr int SMEM_BYTES = (PIPE_BYTES > TILE_BYTES ? PIPE_BYTES : TILE_BYTES) + 2 * STAGES * 8 + 1024;  // + alignment
-static_assert(BM == 128, "BM must be 128");
+static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
 
@@ -63,6 +60,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
   unsigned char* b_tiles = smem;                                            // swizzled x boxes, 1024-aligned
+  uint4* a_tiles = reinterpret_cast<uint4*>(b_tiles + STAGES * B_STAGE);
+  unsigned* e_tiles = reinterpret_cast<unsigned*>(b_tiles + STAGES * (B_STAGE + A_STAGE));
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
   unsigned long long* empty = full + STAGES;
 
@@ -84,11 +83,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x < 128) {  // producer warpgroup
     spartune::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
+      const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
+      const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
       for (int ks = 0; ks < k_stages; ++ks) {
         const int s = ks % STAGES;
         spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
         spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
+        spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
+        spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
     }
     return;
@@ -101,35 +104,25 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   float acc[WM][ACC];  // no zeroing: the first wgmma overwrites (scale-d 0); an ordinary write
                       // would stall the wgmma pipeline (ptxas C7515)
 
-  // Four register sets of A fragments, stage kp in set kp % 4: stage kp + 2's are loaded from
-  // global memory while stage kp's wgmmas are issued and stage kp - 1's still run (a register
-  // operand stays untouched until its wgmma completes: wait<1> retires stage kp - 1).
-  const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
-  const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
-  unsigned a[4][WM][KS][4], e[4][WM][KS];
-  auto load = [&](int kp, unsigned (&av)[WM][KS][4], unsigned (&ev)[WM][KS]) {
-    if (kp >= k_stages) return;
-#pragma unroll
-    for (int i = 0; i < WM; ++i)
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        const int tile = (c * WM + i) * 4 + warp;
-        const uint4 v = __ldg(a_src + (size_t)kp * (A_STAGE / 16) + (kk * T + tile) * 32 + lane);
-        av[i][kk][0] = v.x, av[i][kk][1] = v.y, av[i][kk][2] = v.z, av[i][kk][3] = v.w;
-        ev[i][kk] = __ldg(e_src + (size_t)kp * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1));
-      }
-  };
-  load(0, a[0], e[0]);
-  load(1, a[1], e[1]);
+  // Stage ks's A fragments go into register set ks % 2, so that its wgmmas are issued while
+  // stage ks - 1's still run (a register operand must stay untouched until its wgmma completes):
+  // wait<1> then retires stage ks - 1. The host pads K to an even number of stages.
+  unsigned a[2][WM][KS][4], e[2][WM][KS];
 #pragma unroll 1
-  for (int ks = 0; ks < k_stages; ks += 4) {
+  for (int ks = 0; ks < k_stages; ks += 2) {
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int kp = ks + p;
-      if (kp >= k_stages) break;
-      load(kp + 2, a[(p + 2) % 4], e[(p + 2) % 4]);  // its set's last stage, kp - 2, has retired
-      const int s = kp % STAGES;
+    for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
+      const int kp = ks + p, s = kp % STAGES;
       spartune::mbar_wait(&full[s], (kp / STAGES) & 1);
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          const int tile = (c * WM + i) * 4 + warp;
+          const uint4 v = a_tiles[s * (A_STAGE / 16) + (kk * T + tile) * 32 + lane];
+          a[p][i][kk][0] = v.x, a[p][i][kk][1] = v.y, a[p][i][kk][2] = v.z, a[p][i][kk][3] = v.w;
+          e[p][i][kk] = e_tiles[s * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1)];
+        }
       const unsigned long long b_desc = spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
       spartune::wgmma_fence();
 #pragma unroll
@@ -138,15 +131,14 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < WM; ++i)
           wgmma_sp(acc[i], a[p][i][kk], b_desc + (kk * 32 * 2 >> 4), e[p][i][kk], kp > 0 || kk > 0);
       spartune::wgmma_commit();
-      spartune::wgmma_wait<1>();  // stage kp - 1 (set (p + 3) % 4) is done
+      spartune::wgmma_wait<1>();  // stage kp - 1 (in set 1 - p) is done
       if (kp > 0) {
-        const int q = (p + 3) % 4;  // a constant once the p loop is unrolled
 #pragma unroll
         for (int i = 0; i < WM; ++i)
 #pragma unroll
           for (int kk = 0; kk < KS; ++kk)
-            asm volatile("" ::"r"(a[q][i][kk][0]), "r"(a[q][i][kk][1]), "r"(a[q][i][kk][2]), "r"(a[q][i][kk][3]),
-                         "r"(e[q][i][kk]));
+            asm volatile("" ::"r"(a[1 - p][i][kk][0]), "r"(a[1 - p][i][kk][1]), "r"(a[1 - p][i][kk][2]),
+                         "r"(a[1 - p][i][kk][3]), "r"(e[1 - p][i][kk]));
         spartune::mbar_arrive(&empty[(kp - 1) % STAGES]);
       }
     }
