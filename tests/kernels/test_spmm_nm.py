@@ -81,3 +81,40 @@ def test_linear_on_the_cpu_falls_back():
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(5, 40)
     torch.testing.assert_close(st.linear(x, A), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+# ---- the wgmma variant's host side ----
+
+@pytest.mark.parametrize("rows, cols", [(16, 32), (100, 72), (300, 328), (7, 5)])
+def test_wgmma_packing_regroups_the_mma_order(rows, cols):
+    w = random_2to4(rows, cols, torch.float16, seed=rows + cols)
+    A = st.NM.from_dense(w, 2, 4)
+    values, meta, mt, kt = K.packed(A)
+    wv, wm, stages = K.packed_wgmma(A, 128)
+    blocks = wv.shape[0]
+    assert wv.shape == (blocks, stages, 2, 8, 32, 8) and wm.shape == (blocks, stages, 2, 8, 16)
+    assert blocks * 128 >= rows and stages * 64 >= cols and stages % 2 == 0  # stages in pairs
+    # back to (16-row tile, 32-wide K step) order: the kernel's reads are the mma.sp registers
+    back_v = wv.permute(0, 3, 1, 2, 4, 5).reshape(blocks * 8, stages * 2, 32, 8)
+    back_m = wm.permute(0, 3, 1, 2, 4).reshape(blocks * 8, stages * 2, 16)
+    assert torch.equal(back_v[:mt, :kt], values) and torch.equal(back_m[:mt, :kt], meta)
+    assert not back_v[mt:].any() and not back_v[:, kt:].any()
+    assert (back_m[mt:] == 0x44444444).all() and (back_m[:, kt:] == 0x44444444).all()
+    lane = torch.arange(32)
+    dense = E.decode_matrix(back_v, back_m[..., 2 * (lane // 4) + lane % 2])
+    assert torch.equal(dense[:rows, :cols], w.double()) and not dense[rows:].any() and not dense[:, cols:].any()
+    assert K.packed_wgmma(A, 128) is K.packed_wgmma(A, 128)
+
+
+def test_wgmma_space_is_hopper_only():
+    hopper = Problem("linear", "2:4", 4096, 4096, 2048, "float16", problem(64, 64, 1).stats,
+                     device="NVIDIA H100 80GB HBM3 sm_90")
+    wg = [c for c in K.space(hopper) if c.variant == "wgmma"]
+    assert wg and all(K._smem_bytes(c) <= K.SMEM_LIMIT_HOPPER for c in wg)
+    mma = [c for c in K.space(hopper) if c.variant == "mma"]
+    # at equal tiles the model's work for wgmma.sp is the smaller (its instruction is faster)
+    assert min(K.features(hopper, c).mma_flops for c in wg) < min(K.features(hopper, c).mma_flops for c in mma)
+    ampere = Problem(**{**hopper.__dict__, "device": "NVIDIA A100-SXM4-80GB sm_80"})
+    assert not [c for c in K.space(ampere) if c.variant == "wgmma"]
+    odd_k = Problem(**{**hopper.__dict__, "k": 4100})  # TMA needs 16-byte rows
+    assert not [c for c in K.space(odd_k) if c.variant == "wgmma"]
