@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from ..formats import CSR, NM, BlockSparse, ShuffledBlock, SparseFormat
+from ..formats import CSR, NM, VNM, BlockSparse, ShuffledBlock, SparseFormat
 from ..tune.problem import KernelFeatures, Problem
 
 # How each op calls a family's launch (dispatch binds the call's tensors this way).
@@ -100,7 +100,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("blocked", "linear", (BlockSparse, ShuffledBlock), "spartune.kernels.spmm_blocked"),
     Family("csr", "linear", (CSR,), "spartune.kernels.spmm_csr"),
-    Family("nm", "linear", (NM,), "spartune.kernels.spmm_nm", language="cuda"),
+    Family("nm", "linear", (NM, VNM), "spartune.kernels.spmm_nm", language="cuda"),
     Family("sddmm", "sddmm", (CSR, BlockSparse), "spartune.kernels.sddmm"),
     Family("softmax", "softmax", (CSR, BlockSparse), "spartune.kernels.sparse_softmax"),
 )

@@ -1,4 +1,4 @@
-"""2:4 SpMM for NM weights on the sparse tensor cores, fused epilogue.
+"""2:4 and V:N:M SpMM on the sparse tensor cores, fused epilogue.
 
 out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual, in PyTorch's linear layout; x and
 out may have any strides (spmm's x = X.T runs on the same kernels). Two variants of one family,
@@ -9,6 +9,8 @@ chosen by the tuner per problem (`Config.variant`):
   through a producer/consumer pipeline of shared-memory stages: prefill, where the math is.
 The weight is packed once per layout, in the order the instructions' lanes hold it
 (cuda/sparse_mma.py; wgmma.sp keeps mma.sp's per-warp layout), and memoised on the format object.
+V:N:M weights (VENOM) are the 2:4 matrix over each V-row block's kept columns plus a map from
+those columns to x's; the "mma" variant gathers x through the map as it stages it.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 
 from . import cuda
 from ._epilogue import ACTIVATION_CODES
-from ..formats import memo
+from ..formats import VNM, memo
 from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
@@ -76,12 +78,24 @@ def _smem_bytes(config: Config) -> int:
     return max(x_tile, partial)
 
 
+def _vnm_rows(fmt: str) -> int | None:
+    """V of a V:N:M signature ("64:2:8"), None for anything else."""
+    parts = fmt.split(":")
+    return int(parts[0]) if len(parts) == 3 and parts[1] == "2" else None
+
+
 def space(problem: Problem) -> list[Config]:
-    """Valid configs: only 2:4 in fp16/bf16 runs on mma.sp (fp32 falls back to other backends);
-    the wgmma variant on Hopper (sm_90) with K a multiple of 8 (TMA's 16-byte row pitch)."""
-    if problem.fmt != "2:4" or problem.dtype not in DTYPES:
+    """Valid configs: 2:4 and V:N:M in fp16/bf16 run on mma.sp (fp32 falls back to other
+    backends); the wgmma variant for 2:4 on Hopper (sm_90) with K a multiple of 8 (TMA's 16-byte
+    row pitch). A V:N:M tile stays inside one V-row block."""
+    if problem.dtype not in DTYPES:
         return []
-    return _mma_space(problem) + _wgmma_space(problem)
+    if problem.fmt == "2:4":
+        return _mma_space(problem) + _wgmma_space(problem)
+    v = _vnm_rows(problem.fmt)
+    if v is None:
+        return []
+    return [c for c in _mma_space(problem) if v % c.bm == 0]
 
 
 def _wgmma_space(problem: Problem) -> list[Config]:
@@ -123,7 +137,9 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         return _wgmma_features(problem, config)
     elt = 2
     mt = math.ceil(problem.m / 16)
-    kt = math.ceil(problem.k / 32)
+    v = _vnm_rows(problem.fmt)
+    k_kept = problem.k if v is None else math.ceil(problem.k / int(problem.fmt.split(":")[2])) * 4
+    kt = math.ceil(k_kept / 32)  # K of the 2:4 matrix (V:N:M: its kept columns)
     row_tiles = math.ceil(mt * 16 / config.bm)
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
@@ -204,16 +220,33 @@ _META_LANES = [4 * g + h for g in range(8) for h in range(2)]
 
 def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(values (Mt, Kt, 32, 8), metadata (Mt, Kt, 16) int32, Mt, Kt) in mma.sp's register order,
-    built once per weight (and values version): rows padded to 16 and K to 32 with zeros."""
+    built once per weight (and values version): rows padded to 16 and K to 32 with zeros. For
+    V:N:M, K is that of the 2:4 matrix over the kept columns (4 per M-column block)."""
+    if isinstance(A, VNM):
+        return memo(A, "_nm_packed", lambda: _pack(A, A.col_blocks * 4))
     if (A.n, A.m) != (2, 4):
-        raise ValueError(f"spmm_nm runs 2:4 weights, got {A.n}:{A.m}")
-    return memo(A, "_nm_packed", lambda: _pack(A))
+        raise ValueError(f"spmm_nm runs 2:4 and V:N:M weights, got {A.n}:{A.m}")
+    return memo(A, "_nm_packed", lambda: _pack(A, A.shape[1]))
 
 
-def _pack(A):
+def column_map(A: VNM) -> torch.Tensor:
+    """int32 (row blocks, Kt * 32): the column of x behind each column of the packed 2:4 matrix
+    of a V:N:M weight; -1 past the matrix (padding reads zero). Depends on the pattern only."""
+    return memo(A, "_nm_column_map", lambda: _column_map(A), of_values=False)
+
+
+def _column_map(A: VNM) -> torch.Tensor:
+    kt = math.ceil(A.col_blocks * 4 / 32)
+    base = torch.arange(A.col_blocks, device=A.cols.device).view(1, -1, 1) * A.m
+    cols = (base + A.cols.long()).reshape(A.row_blocks, -1)
+    cols = torch.where(cols < A.shape[1], cols, -1)
+    return torch.nn.functional.pad(cols, (0, kt * 32 - cols.shape[1]), value=-1).to(torch.int32).contiguous()
+
+
+def _pack(A, cols: int):
     from .cuda.sparse_mma import pack_compressed
 
-    rows, cols = A.shape
+    rows = A.values.shape[0]
     mt, kt = math.ceil(rows / 16), math.ceil(cols / 32)
     kept = A.values.shape[1]
     pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
@@ -294,11 +327,16 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     if x.dtype != values.dtype:
         raise TypeError(f"x must be {values.dtype} like the weight, got {x.dtype}")
     kernel = _kernel(config, values.dtype, x.device)
-    x_vec = int(x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    cols, map_rows = (column_map(A), A.v) if isinstance(A, VNM) else (_NULL, 1)
+    if isinstance(A, VNM):
+        K = kt * 32
+        if A.v % config.bm:
+            raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
+    x_vec = int(cols is _NULL and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
     res = residual
     grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, bias if bias is not None else _NULL,
-           res if res is not None else _NULL, M, K, N, mt, kt, x.stride(0), x.stride(1), x_vec,
+           res if res is not None else _NULL, cols, map_rows, M, K, N, mt, kt, x.stride(0), x.stride(1), x_vec,
            out.stride(0), out.stride(1), res.stride(0) if res is not None else 0,
            res.stride(1) if res is not None else 0, _CODES[out.dtype],
            _CODES[bias.dtype] if bias is not None else 0, _CODES[residual.dtype] if residual is not None else 0,

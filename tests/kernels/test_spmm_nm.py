@@ -118,3 +118,35 @@ def test_wgmma_space_is_hopper_only():
     assert not [c for c in K.space(ampere) if c.variant == "wgmma"]
     odd_k = Problem(**{**hopper.__dict__, "k": 4100})  # TMA needs 16-byte rows
     assert not [c for c in K.space(odd_k) if c.variant == "wgmma"]
+
+
+# ---- V:N:M on the same kernel: the 2:4 matrix over the kept columns, x gathered through a map ----
+
+@pytest.mark.parametrize("v, m", [(16, 8), (32, 16), (64, 8), (128, 32), (16, 4)])
+@pytest.mark.parametrize("rows, cols", [(100, 72), (64, 256), (130, 300)])
+def test_vnm_packing_and_column_map_rebuild_the_weight(v, m, rows, cols):
+    g = torch.Generator().manual_seed(rows + cols + v + m)
+    A = st.sparsify_weight(torch.randn(rows, cols, generator=g).half(), f"{v}:2:{m}")
+    values, meta, mt, kt = K.packed(A)
+    cmap = K.column_map(A)
+    assert cmap.shape == (A.row_blocks, kt * 32) and cmap.dtype == torch.int32
+    assert cmap.max() < cols and cmap.min() >= -1
+    lane = torch.arange(32)
+    gathered = E.decode_matrix(values, meta[..., 2 * (lane // 4) + lane % 2])  # (mt*16, kt*32)
+    dense = torch.zeros(mt * 16, cols + 1, dtype=torch.float64)
+    col = cmap.long().repeat_interleave(v, 0)[: mt * 16]
+    dense.scatter_add_(1, torch.where(col < 0, cols, col), gathered)  # -1 lands in a spare column
+    assert torch.equal(dense[:rows, :cols], A.to_dense().double())
+    assert not dense[:, cols].any()  # nothing stored behind a padding column
+
+
+def test_vnm_space_keeps_tiles_inside_a_row_block():
+    A = st.sparsify_weight(torch.randn(256, 256), "32:2:8")
+    prob = Problem("linear", A.signature, 256, 256, 16, "float16", A.stats(), device="NVIDIA H100 80GB HBM3 sm_90")
+    configs = K.space(prob)
+    assert configs and all(32 % c.bm == 0 and c.variant == "mma" for c in configs)
+    assert K.space(Problem(**{**prob.__dict__, "dtype": "float32"})) == []
+    fam = registry.by_name("nm")
+    assert fam in registry.families("linear", A)
+    dense_work = 2.0 * 256 * 256 * 16
+    assert all(K.features(prob, c).mma_flops < dense_work * 0.5 for c in configs)  # a quarter of K is kept

@@ -1,5 +1,8 @@
 // 2:4 SpMM on the sparse tensor cores (mma.sp m16n8k32), linear layout with the fused epilogue:
 //   out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
+// V:N:M (VENOM) runs on the same kernel: A is then the 2:4 matrix over each row block's kept
+// columns, and `col_map` names, per block of `map_rows` rows, the column of x behind each of its
+// K columns (-1: none, reads zero), so x's chunks are gathered as they are staged.
 // A CTA owns BM rows of A x BN tokens; its warps split the rows in 16-row slices, the tokens in
 // 8-token slices and K in WARPS_K interleaved parts (summed through shared memory at the end:
 // decode has few row tiles, so K is where the parallelism is). K is walked in chunks of
@@ -48,12 +51,14 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 
 // a_values: (Mt, Kt, 32, 8) halves as uint4 per lane; a_meta: (Mt, Kt, 16) words, those of lanes
 // 4g and 4g + 1 (sparse_mma.py; selector 0 reads no other lane's).
-// x: (N, K) at strides (sxn, sxk); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte
-// aligned (chunks then move as 16-byte vectors). bias (M,) / residual (N, M) may be null.
+// x: (N, K) at strides (sxn, sxk); x_vec: 1 when sxk == 1, sxn % 8 == 0, x is 16-byte aligned
+// and nothing is gathered (chunks then move as 16-byte vectors). col_map: null (2:4), or int32
+// (row blocks, Kt * 32) for V:N:M, BM dividing map_rows. bias (M,) / residual (N, M) may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
     spmm_nm(const uint4* __restrict__ a_values, const unsigned* __restrict__ a_meta,
             const unsigned short* __restrict__ x, void* __restrict__ out, const void* __restrict__ bias,
-            const void* __restrict__ residual, int M, int K, int N, int Mt, int Kt, int sxn, int sxk, int x_vec,
+            const void* __restrict__ residual, const int* __restrict__ col_map, int map_rows, int M, int K, int N,
+            int Mt, int Kt, int sxn, int sxk, int x_vec,
             int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   unsigned short* xs = reinterpret_cast<unsigned short*>(smem);
@@ -94,6 +99,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   // else element by element straight into shared memory (the K tail, strided x)
   uint4 xr[XV];
   auto x_vec_ok = [&](int chunk) { return x_vec && (chunk + 1) * KC <= K; };
+  const int* cols = col_map ? col_map + (long long)(blockIdx.x * BM / map_rows) * Kt * 32 : nullptr;
   auto load_x = [&](int chunk) {
     const int k0 = chunk * KC;
 #pragma unroll
@@ -114,10 +120,12 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       }
     } else {
       const int k0 = chunk * KC;
+      const bool k_fast = sxk == 1;  // walk x along its contiguous dimension
       for (int e = tid; e < BN * KC; e += THREADS) {
-        const int n = e % BN, kk = e / BN;  // tokens fastest: coalesced when x's tokens are contiguous
+        const int n = k_fast ? e / KC : e % BN, kk = k_fast ? e % KC : e / BN;
         unsigned short val = 0;
-        if (n_cta + n < N && k0 + kk < K) val = x[(long long)(n_cta + n) * sxn + (long long)(k0 + kk) * sxk];
+        const int col = k0 + kk >= K ? -1 : cols ? cols[k0 + kk] : k0 + kk;
+        if (n_cta + n < N && col >= 0) val = x[(long long)(n_cta + n) * sxn + (long long)col * sxk];
         xs[n * XS_STRIDE + kk] = val;
       }
     }
