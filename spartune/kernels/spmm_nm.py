@@ -296,22 +296,22 @@ _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded ke
 _NULL = np.uint64(0)  # an absent bias / residual (a bare 0 would be passed as an int32)
 
 
-def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
-    key = (config, dtype, device.index)
+def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: bool = False):
+    key = (config, dtype, device.index, gather)
     kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _kernels[key] = cuda.load(_instance(config, dtype), device)
+        kernel = _kernels[key] = cuda.load(_instance(config, dtype, gather), device)
     return kernel
 
 
-def _instance(config: Config, dtype: torch.dtype):
+def _instance(config: Config, dtype: torch.dtype, gather: bool = False):
     if config.variant == "wgmma":
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
             "STAGES": config.stages}, arch_specific=True)
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-        "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps})
+        "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather)})
 
 
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
@@ -326,7 +326,7 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
         return out
     if x.dtype != values.dtype:
         raise TypeError(f"x must be {values.dtype} like the weight, got {x.dtype}")
-    kernel = _kernel(config, values.dtype, x.device)
+    kernel = _kernel(config, values.dtype, x.device, isinstance(A, VNM))
     cols, map_rows = (column_map(A), A.v) if isinstance(A, VNM) else (_NULL, 1)
     if isinstance(A, VNM):
         K = kt * 32

@@ -13,6 +13,7 @@
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
+//   GATHER  1 for V:N:M (x gathered through col_map), 0 for 2:4
 #include "epilogue.cuh"
 #include "mma_sp.cuh"
 
@@ -36,6 +37,11 @@ constexpr int THREADS = WARPS * 32;
 constexpr int XVECS = BN * KC / 8;                     // 16-byte vectors of a chunk's x tile
 constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
 constexpr int XS_BYTES = BN * XS_STRIDE * 2;
+constexpr int XG = (BN * KC + THREADS - 1) / THREADS;  // gathered x elements per thread and chunk
+#ifndef GATHER
+#define GATHER 0  // 1: V:N:M, x read through col_map
+#endif
+constexpr bool XG_REGS = GATHER && XG <= 16;            // prefetched into registers when few
 constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * (BM / 16 / WARPS_M) * (BN / 8 / WARPS_N) * 4 * 32 * 4;
 constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 static_assert(BM % 16 == 0 && BN % 8 == 0, "BM must be a multiple of 16 and BN of 8");
@@ -110,8 +116,29 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       if (v < XVECS && n_cta + n < N) xr[q] = *reinterpret_cast<const uint4*>(x + (long long)(n_cta + n) * sxn + k0 + kk);
     }
   };
+  // V:N:M: the chunk's kept columns, gathered element by element into registers (all loads in
+  // flight at once, under the previous chunk's MMAs), x's contiguous dimension fastest
+  unsigned short xg[XG_REGS ? XG : 1];
+  constexpr bool gather_regs = XG_REGS;
+  auto gather_x = [&](int chunk) {
+    const int k0 = chunk * KC;
+#pragma unroll
+    for (int q = 0; q < (XG_REGS ? XG : 1); ++q) {
+      const int e = tid + q * THREADS;
+      const int n = sxk == 1 ? e / KC : e % BN, kk = sxk == 1 ? e % KC : e / BN;
+      const int col = e < BN * KC && k0 + kk < K ? cols[k0 + kk] : -1;
+      xg[q] = n_cta + n < N && col >= 0 ? x[(long long)(n_cta + n) * sxn + (long long)col * sxk] : 0;
+    }
+  };
   auto stage_x = [&](int chunk) {
-    if (x_vec_ok(chunk)) {
+    if (gather_regs) {
+#pragma unroll
+      for (int q = 0; q < (XG_REGS ? XG : 1); ++q) {
+        const int e = tid + q * THREADS;
+        const int n = sxk == 1 ? e / KC : e % BN, kk = sxk == 1 ? e % KC : e / BN;
+        if (e < BN * KC) xs[n * XS_STRIDE + kk] = xg[q];
+      }
+    } else if (x_vec_ok(chunk)) {
 #pragma unroll
       for (int q = 0; q < XV; ++q) {
         const int v = tid + q * THREADS;
@@ -133,7 +160,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
   const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
   load_a(0);
-  if (x_vec_ok(0)) load_x(0);
+  if (gather_regs) gather_x(0);
+  else if (x_vec_ok(0)) load_x(0);
   for (int c = 0; c < chunks; ++c) {
     stage_x(c);
     __syncthreads();
@@ -146,7 +174,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       for (int s = 0; s < KSTEPS; ++s) cur_v[i][s] = av[i][s], cur_m[i][s] = am[i][s];
     if (c + 1 < chunks) {  // in flight while this chunk multiplies
       load_a(c + 1);
-      if (x_vec_ok(c + 1)) load_x(c + 1);
+      if (gather_regs) gather_x(c + 1);
+      else if (x_vec_ok(c + 1)) load_x(c + 1);
     }
 
 #pragma unroll
