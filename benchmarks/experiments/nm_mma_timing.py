@@ -1,6 +1,6 @@
 """Probe: the mma.sp variant of spmm_nm (2:4 decode; V:N:M decode and prefill) against cuBLAS,
 best config of the space per problem, L2 flushed, with a float64 check on the way.
-  python benchmarks/experiments/nm_mma_timing.py [--bf16]"""
+  python benchmarks/experiments/nm_mma_timing.py [--bf16] [--decode]"""
 import json
 import os
 import sys
@@ -18,6 +18,8 @@ dtype = torch.bfloat16 if "--bf16" in sys.argv else torch.float16
 shapes = [(11008, 4096), (4096, 11008), (13824, 5120), (28672, 8192)]
 cases = [("2:4", 1), ("2:4", 16), ("64:2:8", 1), ("64:2:8", 16), ("64:2:8", 2048), ("128:2:8", 16),
          ("128:2:8", 2048), ("64:2:16", 16), ("64:2:16", 2048)]
+if "--decode" in sys.argv:
+    cases = [c for c in cases if c[1] <= 16]
 rows = []
 for (M, Kd) in shapes:
     g = torch.Generator(device="cuda").manual_seed(M + Kd)
@@ -40,7 +42,7 @@ for (M, Kd) in shapes:
                 best = (t, cfg)
         t, cfg = best
         print(f"{M}x{Kd} {pattern:8s} N={N:5d}: dense {t_dense*1e6:8.1f} us, ours {t*1e6:8.1f} us -> {t_dense/t:5.2f}x "
-              f"(bm={cfg.bm} bn={cfg.bn} w={cfg.num_warps} wk={cfg.warps_k})", flush=True)
+              f"(bm={cfg.bm} bn={cfg.bn} w={cfg.num_warps} wk={cfg.warps_k} ks={cfg.ksteps})", flush=True)
         rows.append(dict(M=M, K=Kd, pattern=pattern, N=N, dense_us=t_dense * 1e6, ours_us=t * 1e6, cfg=str(cfg)))
 with open(os.path.join(os.environ.get("OUT", "."), f"nm_mma_timing_{str(dtype).split('.')[-1]}.json"), "w") as f:
     json.dump(rows, f, indent=1)

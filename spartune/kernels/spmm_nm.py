@@ -121,9 +121,11 @@ def _mma_space(problem: Problem) -> list[Config]:
             continue
         shapes = _DECODE if bn <= 16 else [(bm, w, 1) for bm in (64, 128) for w in (4, 8)]
         for bm, warps, warps_k in shapes:
-            cfg = Config(bm, bn, warps, warps_k)
-            if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= SMEM_BYTES:
-                out.append(cfg)
+            # decode: twice the K steps per chunk puts twice the weight's bytes in flight per warp
+            for ksteps in (4, 8) if bn <= 16 else (4,):
+                cfg = Config(bm, bn, warps, warps_k, ksteps)
+                if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= SMEM_BYTES:
+                    out.append(cfg)
     return out
 
 
