@@ -319,51 +319,61 @@ def _instance(config: Config, dtype: torch.dtype, gather: bool = False):
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
            scale=1.0):
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
-    if config.variant == "wgmma":
-        return _launch_wgmma(A, x, out, config, bias, activation, residual, scale)
-    values, meta, mt, kt = packed(A)
-    M, K = A.shape
-    N = x.shape[0]
+    M, N = A.shape[0], x.shape[0]
     if N == 0 or M == 0:
         return out
-    if x.dtype != values.dtype:
-        raise TypeError(f"x must be {values.dtype} like the weight, got {x.dtype}")
-    kernel = _kernel(config, values.dtype, x.device, isinstance(A, VNM))
-    cols, map_rows = (column_map(A), A.v) if isinstance(A, VNM) else (_NULL, 1)
-    if isinstance(A, VNM):
-        K = kt * 32
-        if A.v % config.bm:
-            raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    x_vec = int(cols is _NULL and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
-    res = residual
-    grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
-    kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, bias if bias is not None else _NULL,
-           res if res is not None else _NULL, cols, map_rows, M, K, N, mt, kt, x.stride(0), x.stride(1), x_vec,
-           out.stride(0), out.stride(1), res.stride(0) if res is not None else 0,
-           res.stride(1) if res is not None else 0, _CODES[out.dtype],
-           _CODES[bias.dtype] if bias is not None else 0, _CODES[residual.dtype] if residual is not None else 0,
-           ACTIVATION_CODES[activation], float(scale))
+    if x.dtype != A.dtype:
+        raise TypeError(f"x must be {A.dtype} like the weight, got {x.dtype}")
+    epilogue = (_or_null(bias), _or_null(residual), *_epilogue_args(out, bias, residual, activation, scale))
+    if config.variant == "wgmma":
+        _launch_wgmma(A, x, out, config, epilogue)
+    else:
+        _launch_mma(A, x, out, config, epilogue)
     return out
 
 
-def _launch_wgmma(A, x, out, config: Config, bias, activation, residual, scale):
-    values, meta, stages_k = packed_wgmma(A, config.bm)
+def _or_null(t):
+    return t if t is not None else _NULL
+
+
+def _epilogue_args(out, bias, residual, activation, scale) -> tuple:
+    """Both kernels' trailing arguments: out's and residual's strides, the dtype codes, the
+    activation and the scale."""
+    res = residual
+    return (out.stride(0), out.stride(1), res.stride(0) if res is not None else 0,
+            res.stride(1) if res is not None else 0, _CODES[out.dtype], _CODES[bias.dtype] if bias is not None else 0,
+            _CODES[res.dtype] if res is not None else 0, ACTIVATION_CODES[activation], float(scale))
+
+
+def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
+    values, meta, mt, kt = packed(A)
     M, K = A.shape
     N = x.shape[0]
-    if N == 0 or M == 0:
-        return out
-    if x.dtype != values.dtype:
-        raise TypeError(f"x must be {values.dtype} like the weight, got {x.dtype}")
+    gather = isinstance(A, VNM)
+    if gather and A.v % config.bm:
+        raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
+    kernel = _kernel(config, values.dtype, x.device, gather)
+    cols, map_rows = (column_map(A), A.v) if gather else (_NULL, 1)
+    if gather:
+        K = kt * 32  # the kept columns, read through the map
+    x_vec = int(not gather and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    p_bias, p_res, *rest = epilogue
+    grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
+    kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
+           kt, x.stride(0), x.stride(1), x_vec, *rest)
+
+
+def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
+    if isinstance(A, VNM):
+        raise ValueError("the wgmma variant runs 2:4 weights only (V:N:M gathers x on the mma variant)")
+    values, meta, stages_k = packed_wgmma(A, config.bm)
+    M, N = A.shape[0], x.shape[0]
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
     kernel = _kernel(config, values.dtype, x.device)
     x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
-    res = residual
     row_blocks = values.shape[0]
+    p_bias, p_res, *rest = epilogue
     grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
-    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, out, bias if bias is not None else _NULL,
-           res if res is not None else _NULL, M, N, stages_k, row_blocks, config.group_m, out.stride(0), out.stride(1),
-           res.stride(0) if res is not None else 0, res.stride(1) if res is not None else 0, _CODES[out.dtype],
-           _CODES[bias.dtype] if bias is not None else 0, _CODES[residual.dtype] if residual is not None else 0,
-           ACTIVATION_CODES[activation], float(scale), shmem=_smem_bytes(config))
-    return out
+    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, out, p_bias, p_res, M, N, stages_k, row_blocks,
+           config.group_m, *rest, shmem=_smem_bytes(config))

@@ -1,5 +1,6 @@
-"""The 2:4 sparse tensor-core family on the GPU: every config, odd shapes, every epilogue,
-strided operands, CUDA graphs and spartune.linear, against the float64 reference."""
+"""The sparse tensor-core family on the GPU (2:4 on its mma and wgmma variants, V:N:M on mma):
+every config, odd shapes, every epilogue, strided operands, CUDA graphs and spartune.linear,
+against the float64 reference."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,67 +89,6 @@ def test_odd_shapes(dtype, M, Kd, N):
         assert rel(out, expect) <= TOL, cfg
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("activation", list(ACTS))
-@pytest.mark.parametrize("out_dtype", ["same", torch.float32])
-def test_every_epilogue(dtype, activation, out_dtype):
-    M, Kd, N = 100, 72, 7
-    w = random_2to4(M, Kd, dtype, 3)
-    A = st.NM.from_dense(w, 2, 4)
-    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
-    bias = torch.randn(M, device="cuda", dtype=dtype)
-    res = torch.randn(N, M, device="cuda", dtype=dtype)
-    cfg = K.space(problem(A, N))[0]
-    odt = dtype if out_dtype == "same" else out_dtype
-    for kw in (dict(bias=bias), dict(residual=res), dict(bias=bias, residual=res, scale=0.5), {}):
-        out = torch.full((N, M), float("nan"), device="cuda", dtype=odt)
-        run(A, x, cfg, out=out, activation=activation, **kw)
-        assert not out.isnan().any()
-        assert rel(out, reference(x, w, activation=activation, **kw)) <= TOL, kw
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("N", [1, 7, 77])
-def test_strided_x_and_out(dtype, N):
-    M, Kd = 100, 72
-    w = random_2to4(M, Kd, dtype, 4)
-    A = st.NM.from_dense(w, 2, 4)
-    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # the spmm layout: tokens contiguous
-    out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-    res = torch.randn(M, N, device="cuda", dtype=dtype).T
-    for cfg in K.space(problem(A, N))[:3]:
-        out_t.fill_(float("nan"))
-        run(A, x, cfg, out=out_t.T, residual=res)
-        assert not out_t.isnan().any()
-        assert rel(out_t.T, reference(x, w, residual=res)) <= TOL, cfg
-    # a padded row pitch (x_vec with sxn != K) and a column slice of a wider out
-    xp = torch.randn(N, Kd + 8, device="cuda", dtype=dtype)[:, :Kd]
-    wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
-    run(A, xp, K.space(problem(A, N))[0], out=wide[:, 2:2 + M])
-    assert rel(wide[:, 2:2 + M], reference(xp, w)) <= TOL
-    assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_graph_capture(dtype):
-    M, Kd, N = 256, 512, 16
-    w = random_2to4(M, Kd, dtype, 5)
-    A = st.NM.from_dense(w, 2, 4)
-    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
-    out = torch.empty(N, M, device="cuda", dtype=dtype)
-    cfg = K.space(problem(A, N))[-1]
-    run(A, x, cfg, out=out)  # compile and pack before capturing
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        K.launch(A, x, out, cfg)
-    out.fill_(float("nan"))
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel(out, reference(x, w)) <= TOL
-
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N", [1, 16, 77])
@@ -172,10 +112,10 @@ def hopper_problem(A, n):
     return Problem("linear", A.signature, *A.shape, n, str(A.dtype).split(".")[-1], A.stats(), device=device_name())
 
 
-def wgmma_space(A, n):
-    configs = [c for c in K.space(hopper_problem(A, n)) if c.variant == "wgmma"]
+def configs_of(A, n, variant):
+    configs = [c for c in K.space(hopper_problem(A, n)) if c.variant == variant]
     if not configs:
-        pytest.skip("the wgmma variant needs a Hopper GPU (sm_90)")
+        pytest.skip(f"no {variant} config here (wgmma needs a Hopper GPU)")
     return configs
 
 
@@ -186,7 +126,7 @@ def test_wgmma_every_config(dtype):
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     expect = reference(x, w)
-    for cfg in wgmma_space(A, N):
+    for cfg in configs_of(A, N, "wgmma"):
         out = run(A, x, cfg)
         assert not out.isnan().any(), cfg
         assert rel(out, expect) <= TOL, cfg
@@ -200,24 +140,28 @@ def test_wgmma_odd_shapes(dtype, M, Kd, N):
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     expect = reference(x, w)
-    configs = wgmma_space(A, N)
+    configs = configs_of(A, N, "wgmma")
     for cfg in {configs[0], configs[-1]}:
         out = run(A, x, cfg)
         assert not out.isnan().any(), cfg
         assert rel(out, expect) <= TOL, cfg
 
 
+
+# ---- both variants: epilogues, strides, CUDA graphs ----
+
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", list(ACTS))
 @pytest.mark.parametrize("out_dtype", ["same", torch.float32])
-def test_wgmma_every_epilogue(dtype, activation, out_dtype):
+def test_every_epilogue(variant, dtype, activation, out_dtype):
     M, Kd, N = 260, 136, 70
     w = random_2to4(M, Kd, dtype, 13)
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     bias = torch.randn(M, device="cuda", dtype=dtype)
     res = torch.randn(N, M, device="cuda", dtype=dtype)
-    cfg = wgmma_space(A, N)[0]
+    cfg = configs_of(A, N, variant)[0]
     odt = dtype if out_dtype == "same" else out_dtype
     for kw in (dict(bias=bias), dict(residual=res), dict(bias=bias, residual=res, scale=0.5), {}):
         out = torch.full((N, M), float("nan"), device="cuda", dtype=odt)
@@ -226,32 +170,39 @@ def test_wgmma_every_epilogue(dtype, activation, out_dtype):
         assert rel(out, reference(x, w, activation=activation, **kw)) <= TOL, kw
 
 
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_wgmma_strided_x_and_out(dtype):
-    M, Kd, N = 200, 72, 90
-    w = random_2to4(M, Kd, dtype, 14)
+@pytest.mark.parametrize("N", [1, 7, 90])
+def test_strided_x_and_out(variant, dtype, N):
+    M, Kd = 200, 72
+    w = random_2to4(M, Kd, dtype, 4)
     A = st.NM.from_dense(w, 2, 4)
-    cfg = wgmma_space(A, N)[-1]
-    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # the spmm layout: copied for TMA
+    configs = configs_of(A, N, variant)
+    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # the spmm layout: tokens contiguous (wgmma copies)
     out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
     res = torch.randn(M, N, device="cuda", dtype=dtype).T
-    run(A, x, cfg, out=out_t.T, residual=res)
-    assert rel(out_t.T, reference(x, w, residual=res)) <= TOL
-    xp = torch.randn(N, Kd + 8, device="cuda", dtype=dtype)[:, :Kd]  # a padded row pitch, read in place
+    for cfg in (configs[0], configs[-1]):
+        out_t.fill_(float("nan"))
+        run(A, x, cfg, out=out_t.T, residual=res)
+        assert not out_t.isnan().any()
+        assert rel(out_t.T, reference(x, w, residual=res)) <= TOL, cfg
+    # a padded row pitch (read in place) and a column slice of a wider out
+    xp = torch.randn(N, Kd + 8, device="cuda", dtype=dtype)[:, :Kd]
     wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
-    run(A, xp, cfg, out=wide[:, 2:2 + M])
+    run(A, xp, configs[0], out=wide[:, 2:2 + M])
     assert rel(wide[:, 2:2 + M], reference(xp, w)) <= TOL
     assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
 
 
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_wgmma_cuda_graph_capture(dtype):
+def test_cuda_graph_capture(variant, dtype):
     M, Kd, N = 512, 1024, 256
-    w = random_2to4(M, Kd, dtype, 15)
+    w = random_2to4(M, Kd, dtype, 5)
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     out = torch.empty(N, M, device="cuda", dtype=dtype)
-    cfg = wgmma_space(A, N)[-1]
+    cfg = configs_of(A, N, variant)[-1]
     run(A, x, cfg, out=out)  # compile and pack before capturing
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -263,6 +214,8 @@ def test_wgmma_cuda_graph_capture(dtype):
     graph.replay()
     torch.cuda.synchronize()
     assert rel(out, reference(x, w)) <= TOL
+
+
 
 
 # ---- V:N:M (VENOM) on the mma variant: x gathered through the column map ----
