@@ -368,7 +368,7 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
         raise ValueError("the wgmma variant runs 2:4 weights only (V:N:M gathers x on the mma variant)")
     values, meta, stages_k = packed_wgmma(A, config.bm)
     M, N = A.shape[0], x.shape[0]
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+    if x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
         x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
     kernel = _kernel(config, values.dtype, x.device)
     x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)

@@ -191,11 +191,12 @@ def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
     kinds = {torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
              torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
     rows, cols = t.shape
-    if t.dtype not in kinds or t.stride(1) != 1 or (t.stride(0) * 2) % 16 or t.data_ptr() % 16:
+    pitch = t.stride(0) * 2 if rows > 1 else -(-cols * 2 // 16) * 16  # one row: its stride means nothing
+    if t.dtype not in kinds or t.stride(1) != 1 or pitch % 16 or t.data_ptr() % 16:
         raise ValueError("tensor_map_2d needs an fp16/bf16 tensor with unit column stride, 16-byte aligned rows")
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     err, tmap = driver.cuTensorMapEncodeTiled(
-        kinds[t.dtype], 2, t.data_ptr(), [u64(cols), u64(rows)], [u64(t.stride(0) * 2)], [u32(box_cols), u32(box_rows)],
+        kinds[t.dtype], 2, t.data_ptr(), [u64(cols), u64(rows)], [u64(pitch)], [u32(box_cols), u32(box_rows)],
         [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
