@@ -150,3 +150,16 @@ def test_vnm_space_keeps_tiles_inside_a_row_block():
     assert fam in registry.families("linear", A)
     dense_work = 2.0 * 256 * 256 * 16
     assert all(K.features(prob, c).mma_flops < dense_work * 0.5 for c in configs)  # a quarter of K is kept
+
+
+def test_launch_refuses_bad_input_before_any_kernel():
+    A = st.NM.from_dense(random_2to4(64, 64, torch.float16), 2, 4)
+    out = torch.empty(4, 64, dtype=torch.float16)
+    with pytest.raises(TypeError, match="float16"):
+        K.launch(A, torch.randn(4, 64), out, K.Config(16, 8, 4, 4))  # x in fp32, the weight fp16
+    V = st.sparsify_weight(torch.randn(64, 64).half(), "32:2:8")
+    x = torch.randn(4, 64).half()
+    with pytest.raises(ValueError, match="one block of 32 rows"):
+        K.launch(V, x, out, K.Config(64, 8, 4, 1))  # a tile across two V-row blocks
+    with pytest.raises(ValueError, match="2:4 weights only"):
+        K.launch(V, x, out, K.Config(128, 64, 12, variant="wgmma", stages=4))
