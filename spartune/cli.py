@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spartune", description="Fast pruned neural networks on NVIDIA GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    acc = sub.add_parser("accuracy", help="all-MiniLM-L6-v2 pruned into every pattern at 50/75/90%%: weight kept, "
+                                          "layer output error, embedding cosine (CPU; needs spartune[real])")
+    acc.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+
     demo = sub.add_parser("demo", help="prune a weight into every pattern and run the reference ops")
     demo.add_argument("--rows", type=_positive(int), default=1024)
     demo.add_argument("--cols", type=_positive(int), default=768)
@@ -131,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "accuracy":
+        return _accuracy(args)
     if args.command == "demo":
         from .bench.demo import run_demo
 
@@ -145,6 +151,20 @@ def main(argv=None) -> int:
     if args.command == "db":
         return _db(args)
     return 2  # pragma: no cover - argparse requires a command
+
+
+def _accuracy(args) -> int:
+    from .bench import accuracy
+
+    try:
+        rows = accuracy.run()
+    except RuntimeError as e:  # the weights or the tokenizer are not installed
+        print(f"spartune accuracy: {e}", file=sys.stderr)
+        return 2
+    print(accuracy.table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
 
 
 # --- bench ---------------------------------------------------------------------------------------------
