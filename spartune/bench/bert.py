@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 SENTENCES = Path(__file__).parent / "data" / "sentences.txt"
+TRAIN_SENTENCES = Path(__file__).parent / "data" / "train_sentences.txt"
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,11 @@ def encode(tokenizer, sentences: list[str], max_tokens: int = 128) -> tuple[torc
     return torch.tensor([e.ids for e in batch]), torch.tensor([e.attention_mask for e in batch])
 
 
-def sentences() -> list[str]:
+def sentences(path: Path = SENTENCES) -> list[str]:
     """The fixed sentences the accuracy tables run on (spartune/bench/data/sentences.txt)."""
-    return [s for s in SENTENCES.read_text().splitlines() if s.strip()]
+    return [s for s in path.read_text().splitlines() if s.strip()]
+
+
+def train_sentences() -> list[str]:
+    """Other sentences, for the distillation fine-tune (never the evaluated ones)."""
+    return sentences(TRAIN_SENTENCES)

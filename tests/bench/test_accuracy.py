@@ -90,6 +90,21 @@ def test_minilm_matches_sentence_transformers():
 
 
 def test_cli_accuracy_without_the_weights(monkeypatch, capsys):
-    monkeypatch.setattr(accuracy, "run", lambda: (_ for _ in ()).throw(RuntimeError("needs spartune[real]")))
+    monkeypatch.setattr(accuracy, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("needs spartune[real]")))
     assert main(["accuracy"]) == 2
     assert "needs spartune[real]" in capsys.readouterr().err
+
+
+def test_distillation_raises_the_cosine_and_keeps_the_pattern():
+    model = tiny_bert()
+    ids = torch.randint(1, 50, (6, 10))
+    mask = torch.ones_like(ids)
+    train = (torch.randint(1, 50, (8, 10)), torch.ones(8, 10, dtype=torch.long))
+    rows = accuracy.evaluate(model, ids, mask, {0.75: ("block:16",)}, train=train, finetune_steps=30)
+    assert rows[0]["cosine_finetuned"] > rows[0]["embedding_cosine"]
+    student = accuracy.distill(model, "block:16", 0.75, *train, steps=3)
+    layer = student.layers[0].query
+    assert type(layer).__name__ == "SparseLinear"  # trained through spartune's autograd, still sparse
+    dense = layer.weight.to_dense()
+    assert (dense == 0).double().mean().item() == pytest.approx(0.75, abs=0.02)
+    assert torch.equal(model.layers[0].query.weight, tiny_bert().layers[0].query.weight)  # the dense model untouched
