@@ -315,10 +315,14 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def linear_op(x, tensors: list, spec: str, bias=None):
-    """x @ A^T + bias through the operator, A given as its tensors and spec (SparseLinear's
-    route when traced or differentiated: its tensors are what torch.compile lifts as inputs)."""
-    return _linear(x, tensors, spec, bias, None, None, 1.0, None)
+def linear_op(x, tensors: list, spec: str, bias=None, activation=None):
+    """act(x @ A^T + bias) through the operator, A given as its tensors and spec (SparseLinear's
+    route when traced or differentiated: its tensors are what torch.compile lifts as inputs).
+    The activation is unfused when autograd records, as in `linear`."""
+    if activation is None or not _records(x, tensors[0], bias):
+        return _linear(x, tensors, spec, bias, activation, None, 1.0, None)
+    check_activation(activation)
+    return apply_epilogue(_linear(x, tensors, spec, bias, None, None, 1.0, None), None, activation, None)
 
 
 def spmm(A, X, *, out_dtype=None):

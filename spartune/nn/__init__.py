@@ -1,7 +1,8 @@
-"""PyTorch front end: SparseLinear, SparseMultiheadAttention and sparsify(model), in the spirit
-of torchao's sparsity API."""
+"""PyTorch front end: SparseLinear, SparseConv2d, SparseMultiheadAttention and sparsify(model),
+in the spirit of torchao's sparsity API."""
 from .attention import SparseMultiheadAttention, disable_fused_fast_paths
+from .conv import SparseConv2d
 from .linear import SparseLinear
 from .sparsify import LayerReport, sparsify
 
-__all__ = ["SparseLinear", "SparseMultiheadAttention", "sparsify", "LayerReport", "disable_fused_fast_paths"]
+__all__ = ["SparseLinear", "SparseConv2d", "SparseMultiheadAttention", "sparsify", "LayerReport", "disable_fused_fast_paths"]

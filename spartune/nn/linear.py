@@ -111,13 +111,14 @@ class SparseLinear(nn.Module):
         return new
 
     # --- forward ---------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, activation: str | None = None) -> torch.Tensor:
+        """x @ W^T + b, with `activation` applied in the kernels' epilogue (SparseConv2d's)."""
         bias = self.bias
         if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
                 x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):
             # the operator, over the module's own tensors (what torch.compile lifts as inputs)
-            return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias)
-        return ops.linear(x, self._weight, bias)
+            return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias, activation)
+        return ops.linear(x, self._weight, bias, activation)
 
     # --- state ---------------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:

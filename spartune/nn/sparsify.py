@@ -1,4 +1,5 @@
-"""sparsify(model): prune a model's linear layers into sparse formats, all of them or none.
+"""sparsify(model): prune a model's linear layers (and pointwise convolutions) into sparse
+formats, all of them or none.
 
 What real models hold and a naive swap breaks: nn.Linear subclasses (converted when they keep
 nn.Linear's forward), nn.MultiheadAttention (whose projections F.multi_head_attention_forward
@@ -18,6 +19,7 @@ from torch import nn
 from .. import dispatch
 from ..prune import parse_pattern
 from .attention import SparseMultiheadAttention, disable_fused_fast_paths
+from .conv import SparseConv2d, is_pointwise
 from .linear import SparseLinear
 
 
@@ -40,8 +42,10 @@ class LayerReport:
 def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
              filter_fn: Callable[[str, nn.Module], bool] | None = None, dry_run: bool = False,
              tokens: int = 2048) -> dict[str, LayerReport]:
-    """Replace, in place, the linear layers of `model` by SparseLinear layers pruned by
-    magnitude. Returns a LayerReport per linear layer (skipped ones say why).
+    """Replace, in place, the linear layers of `model` by SparseLinear layers and its pointwise
+    (1x1) convolutions by SparseConv2d layers, pruned by magnitude. Returns a LayerReport per
+    linear layer and convolution (skipped ones, depthwise and spatial convolutions among them,
+    say why).
 
     `pattern`: one pattern for all ("block:64", "csr", "2:4", ...); or a dict from layer-name
     globs ("*.mlp.*") to a pattern or (pattern, sparsity), first match wins, unmatched layers
@@ -59,7 +63,8 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     reports, replacements, made = {}, {}, {}  # made: id(dense weight) -> (name, SparseLinear, bias)
     attention = {}  # MultiheadAttention name -> its SparseMultiheadAttention
     for name, (module, choice, skipped) in plan.items():
-        shape = (module.out_features, module.in_features)
+        conv = isinstance(module, nn.Conv2d)
+        shape = (module.out_channels, module.in_channels) if conv else (module.out_features, module.in_features)
         dense_bytes = 0 if nn.parameter.is_lazy(module.weight) else module.weight.numel() * module.weight.element_size()
         if skipped or choice is None:
             reports[name] = LayerReport(name, shape, None, dense_bytes=dense_bytes, sparse_bytes=dense_bytes,
@@ -77,6 +82,8 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
                 first_name, first, first_bias = tied
                 layer, fmt_report = first.tied_copy(first.bias if module.bias is first_bias else module.bias), \
                     reports[first_name]
+            elif conv:
+                layer, fmt_report = SparseConv2d.from_conv(module, pat, sp, return_report=True)
             else:
                 layer, fmt_report = SparseLinear.from_linear(module, pat, sp, return_report=True)
                 made[id(module.weight)] = (name, layer, module.bias)
@@ -114,7 +121,7 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
 
 
 def _plan(model, pattern, sparsity, filter_fn) -> dict:
-    """name -> (linear module, (pattern, sparsity) or None, reason it is skipped or "")."""
+    """name -> (linear or conv module, (pattern, sparsity) or None, reason it is skipped or "")."""
     choose = _chooser(pattern, sparsity)
     owners = {}  # id(weight) -> names of the modules holding it (ties)
     for name, m in model.named_modules():
@@ -138,6 +145,17 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
                 skip = f"{type(m).__name__} overrides nn.Linear.forward: converting it would drop its behaviour"
             elif any(not isinstance(model.get_submodule(o), nn.Linear) for o in owners.get(id(m.weight), [])):
                 skip = "its weight is tied to a module that is not a linear layer: pruning would break the tie"
+            plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
+        elif isinstance(m, nn.Conv2d):
+            skip = ""
+            if not name:
+                skip = root
+            elif not is_pointwise(m):
+                skip = "not a pointwise (1x1, stride 1, ungrouped) convolution: it stays dense"
+            elif type(m).forward is not nn.Conv2d.forward:
+                skip = f"{type(m).__name__} overrides nn.Conv2d.forward: converting it would drop its behaviour"
+            elif len(owners.get(id(m.weight), [])) > 1:
+                skip = "its weight is shared with another module: pruning would break the tie"
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
     for name, (m, choice, skip) in plan.items():  # a tie is pruned whole or not at all
         off = [o for o in owners.get(id(m.weight), []) if o != name and o in plan and plan[o][1] is None]
