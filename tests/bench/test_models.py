@@ -1,0 +1,39 @@
+"""The end-to-end models on the CPU: shapes, sizes, batch-norm folding and what sparsify converts."""
+import torch
+from torch import nn
+
+import spartune as st
+from spartune.bench.models import fold_batch_norms, mobilenet_v1
+
+
+def test_mobilenet_v1_shape_and_size():
+    model = mobilenet_v1().eval()
+    assert sum(p.numel() for p in model.parameters()) == 4_231_976  # the paper's 4.2 M
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+
+
+def test_folding_batch_norms_keeps_the_output():
+    torch.manual_seed(0)
+    model = mobilenet_v1(num_classes=10, width=0.25).double()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 1.5)
+    model.eval()
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        before = model(x)
+        fold_batch_norms(model)
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+        assert torch.allclose(model(x), before, atol=1e-10)
+
+
+def test_sparsify_takes_the_pointwise_convolutions_and_the_classifier():
+    model = fold_batch_norms(mobilenet_v1(num_classes=10, width=0.25).eval())
+    reports = st.sparsify(model, "csr", 0.9)
+    converted = [n for n, r in reports.items() if r.pattern]
+    assert len(converted) == 14  # 13 pointwise convolutions and the classifier
+    assert sum(1 for m in model.modules() if isinstance(m, st.SparseConv2d)) == 13
+    assert sum(1 for r in reports.values() if "pointwise" in r.skipped) == 14  # the stem and 13 depthwise
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
