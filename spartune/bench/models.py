@@ -1,6 +1,7 @@
 """Whole models built from plain torch modules, for the end-to-end benchmarks: no download on the
 GPU machine, and every layer something `sparsify()` knows (nn.Linear, pointwise nn.Conv2d).
-The BERT encoder is in bert.py."""
+MobileNetV1 (with batch-norm folding) and a Llama decoder layer with a static KV cache (decode
+steps of one shape: CUDA-graph replayable); the BERT encoder is in bert.py."""
 from __future__ import annotations
 
 import torch
@@ -41,3 +42,69 @@ def fold_batch_norms(model: nn.Module) -> nn.Module:
                 seq[i] = fuse_conv_bn_eval(seq[i], seq[i + 1])
                 seq[i + 1] = nn.Identity()
     return model
+
+
+# --- a Llama decoder layer ------------------------------------------------------------------------
+
+class KVCache(nn.Module):
+    """Static key and value buffers (batch, heads, max_tokens, head_dim): a decode step writes
+    its positions and attends over the whole buffer under a mask, so every step has the same
+    shapes and can be replayed from one CUDA graph."""
+
+    def __init__(self, batch: int, heads: int, max_tokens: int, head_dim: int, *, dtype=None, device=None):
+        super().__init__()
+        shape = (batch, heads, max_tokens, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (x: batch, heads, tokens, head_dim), halves rotated as Llama does."""
+    half = x.shape[-1] // 2
+    freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angle = positions.to(torch.float32)[:, None] * freq[None]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """One Llama decoder layer: RMSNorm, attention (rotary positions, SDPA) with the q/k/v/o
+    projections, RMSNorm, the SiLU-gated MLP (gate/up/down): seven linear layers for sparsify."""
+
+    def __init__(self, hidden: int = 4096, intermediate: int = 11008, heads: int = 32, *, theta: float = 10000.0,
+                 eps: float = 1e-6):
+        super().__init__()
+        self.heads, self.theta = heads, theta
+        self.input_norm = nn.RMSNorm(hidden, eps=eps)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.post_norm = nn.RMSNorm(hidden, eps=eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """x (batch, tokens, hidden) at `positions` (tokens,). Without a cache the tokens attend
+        causally among themselves; with one, they are written into it and attend to every
+        cached position up to their own."""
+        b, t, d = x.shape
+        h = self.input_norm(x)
+
+        def heads(y):
+            return y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        q = rotate(heads(self.q_proj(h)), positions, self.theta)
+        k = rotate(heads(self.k_proj(h)), positions, self.theta)
+        v = heads(self.v_proj(h))
+        if cache is None:
+            a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            cache.k.index_copy_(2, positions, k)
+            cache.v.index_copy_(2, positions, v)
+            keys = torch.arange(cache.k.shape[2], device=x.device)
+            mask = torch.zeros(t, keys.numel(), dtype=q.dtype, device=x.device)
+            mask = mask.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
+            a = nn.functional.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=mask)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, d))
+        h = self.post_norm(x)
+        return x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))

@@ -37,3 +37,41 @@ def test_sparsify_takes_the_pointwise_convolutions_and_the_classifier():
     assert sum(1 for r in reports.values() if "pointwise" in r.skipped) == 14  # the stem and 13 depthwise
     with torch.no_grad():
         assert model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+
+
+def tiny_llama():
+    from spartune.bench.models import LlamaDecoderLayer
+
+    torch.manual_seed(5)
+    return LlamaDecoderLayer(hidden=64, intermediate=160, heads=4).double().eval()
+
+
+def test_llama_layer_size():
+    from spartune.bench.models import LlamaDecoderLayer
+
+    with torch.device("meta"):
+        layer = LlamaDecoderLayer()
+    assert sum(p.numel() for p in layer.parameters()) == 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+
+
+def test_llama_decode_with_the_cache_matches_prefill():
+    from spartune.bench.models import KVCache
+
+    layer = tiny_llama()
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    with torch.no_grad():
+        full = layer(x, torch.arange(9))
+        cache = KVCache(2, 4, 16, 16, dtype=torch.float64)
+        prefill = layer(x[:, :5], torch.arange(5), cache)  # prefill 5 tokens, then decode one at a time
+        steps = [layer(x[:, i:i + 1], torch.tensor([i]), cache) for i in range(5, 9)]
+    assert torch.allclose(prefill, full[:, :5], atol=1e-12)
+    assert torch.allclose(torch.cat(steps, 1), full[:, 5:], atol=1e-12)
+
+
+def test_sparsify_takes_the_seven_projections():
+    layer = tiny_llama()
+    reports = st.sparsify(layer, "csr", 0.75)
+    assert sorted(n for n, r in reports.items() if r.pattern) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    with torch.no_grad():
+        assert layer(torch.randn(1, 3, 64, dtype=torch.float64), torch.arange(3)).shape == (1, 3, 64)
