@@ -71,6 +71,11 @@ class BertEncoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Token states (batch, tokens, hidden); attention_mask (batch, tokens) is 1 for real tokens."""
+        limit = self.position.num_embeddings
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64) or ids.shape[1] > limit:
+            raise ValueError(f"ids must be integer (batch, tokens <= {limit}), got {ids.dtype} {tuple(ids.shape)}")
+        if attention_mask is not None and attention_mask.shape != ids.shape:
+            raise ValueError(f"attention_mask must be {tuple(ids.shape)} like ids, got {tuple(attention_mask.shape)}")
         pos = torch.arange(ids.shape[1], device=ids.device)
         h = self.embedding_norm(self.word(ids) + self.position(pos) + self.token_type(torch.zeros_like(ids)))
         mask = None

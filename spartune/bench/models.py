@@ -21,6 +21,8 @@ def _conv_bn_relu(cin: int, cout: int, kernel: int, stride: int = 1, groups: int
 def mobilenet_v1(num_classes: int = 1000, width: float = 1.0) -> nn.Sequential:
     """MobileNetV1: a 3x3 stem, 13 blocks of depthwise 3x3 + pointwise 1x1 (the pointwise
     convolutions hold ~75% of the weights), average pooling and a classifier."""
+    if not (width > 0 and num_classes >= 1):
+        raise ValueError(f"mobilenet_v1 needs width > 0 and num_classes >= 1, got {width}, {num_classes}")
     c = int(32 * width)
     layers = [_conv_bn_relu(3, c, 3, 2)]
     for out, stride in MOBILENET_V1_BLOCKS:
@@ -75,6 +77,8 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, hidden: int = 4096, intermediate: int = 11008, heads: int = 32, *, theta: float = 10000.0,
                  eps: float = 1e-6):
         super().__init__()
+        if hidden % heads or (hidden // heads) % 2:
+            raise ValueError(f"hidden ({hidden}) must split into {heads} heads of an even size (rotary halves)")
         self.heads, self.theta = heads, theta
         self.input_norm = nn.RMSNorm(hidden, eps=eps)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
@@ -87,7 +91,15 @@ class LlamaDecoderLayer(nn.Module):
         """x (batch, tokens, hidden) at `positions` (tokens,). Without a cache the tokens attend
         causally among themselves; with one, they are written into it and attend to every
         cached position up to their own."""
-        b, t, d = x.shape
+        d = self.o_proj.in_features
+        if x.dim() != 3 or x.shape[-1] != d:
+            raise ValueError(f"x must be (batch, tokens, {d}), got {tuple(x.shape)}")
+        b, t, _ = x.shape
+        if positions.shape != (t,):
+            raise ValueError(f"positions must be ({t},) for {t} tokens, got {tuple(positions.shape)}")
+        if cache is not None and cache.k.shape != (b, self.heads, cache.k.shape[2], d // self.heads):
+            raise ValueError(f"the cache holds {tuple(cache.k.shape)}, the layer needs ({b}, {self.heads}, "
+                             f"tokens, {d // self.heads})")
         h = self.input_norm(x)
 
         def heads(y):

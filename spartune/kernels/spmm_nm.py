@@ -78,10 +78,10 @@ def _smem_bytes(config: Config) -> int:
     return max(x_tile, partial)
 
 
-def _vnm_rows(fmt: str) -> int | None:
-    """V of a V:N:M signature ("64:2:8"), None for anything else."""
+def _vnm(fmt: str) -> tuple[int, int] | None:
+    """(V, M) of a V:N:M signature ("64:2:8"), None for anything else."""
     parts = fmt.split(":")
-    return int(parts[0]) if len(parts) == 3 and parts[1] == "2" else None
+    return (int(parts[0]), int(parts[2])) if len(parts) == 3 and parts[1] == "2" else None
 
 
 def space(problem: Problem) -> list[Config]:
@@ -92,10 +92,10 @@ def space(problem: Problem) -> list[Config]:
         return []
     if problem.fmt == "2:4":
         return _mma_space(problem) + _wgmma_space(problem)
-    v = _vnm_rows(problem.fmt)
-    if v is None:
+    vnm = _vnm(problem.fmt)
+    if vnm is None:
         return []
-    return [c for c in _mma_space(problem) if v % c.bm == 0]
+    return [c for c in _mma_space(problem) if vnm[0] % c.bm == 0]
 
 
 def _wgmma_space(problem: Problem) -> list[Config]:
@@ -139,8 +139,8 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         return _wgmma_features(problem, config)
     elt = 2
     mt = math.ceil(problem.m / 16)
-    v = _vnm_rows(problem.fmt)
-    k_kept = problem.k if v is None else math.ceil(problem.k / int(problem.fmt.split(":")[2])) * 4
+    vnm = _vnm(problem.fmt)
+    k_kept = problem.k if vnm is None else math.ceil(problem.k / vnm[1]) * 4
     kt = math.ceil(k_kept / 32)  # K of the 2:4 matrix (V:N:M: its kept columns)
     row_tiles = math.ceil(mt * 16 / config.bm)
     strips = math.ceil(problem.n / config.bn)
@@ -288,10 +288,9 @@ def _pack_wgmma(A, bm: int):
 def release_unused(A, configs) -> None:
     """Each BM of the wgmma variant keeps its own copy of the packed weight: drop the copies no
     chosen config reads."""
-    kept = {c.bm for c in configs if c.variant == "wgmma"}
-    for bm in (128, 256):
-        if bm not in kept:
-            A.__dict__.pop(f"_nm_wgmma_packed_{bm}", None)
+    kept = {f"_nm_wgmma_packed_{c.bm}" for c in configs if c.variant == "wgmma"}
+    for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_packed_") and k not in kept]:
+        del A.__dict__[key]
 
 
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel

@@ -75,3 +75,30 @@ def test_sparsify_takes_the_seven_projections():
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     with torch.no_grad():
         assert layer(torch.randn(1, 3, 64, dtype=torch.float64), torch.arange(3)).shape == (1, 3, 64)
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    import pytest
+
+    from spartune.bench.bert import BertConfig, BertEncoder
+    from spartune.bench.models import KVCache, LlamaDecoderLayer
+
+    with pytest.raises(ValueError, match="width"):
+        mobilenet_v1(width=0)
+    with pytest.raises(ValueError, match="heads"):
+        LlamaDecoderLayer(hidden=60, intermediate=64, heads=8)
+    layer = tiny_llama()
+    with pytest.raises(ValueError, match="x must be"):
+        layer(torch.randn(2, 3, 32, dtype=torch.float64), torch.arange(3))
+    with pytest.raises(ValueError, match="positions"):
+        layer(torch.randn(2, 3, 64, dtype=torch.float64), torch.arange(4))
+    with pytest.raises(ValueError, match="cache"):
+        layer(torch.randn(2, 3, 64, dtype=torch.float64), torch.arange(3), KVCache(1, 4, 8, 16, dtype=torch.float64))
+    bert = BertEncoder(BertConfig(vocab_size=20, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=8))
+    with pytest.raises(ValueError, match="ids"):
+        bert(torch.zeros(2, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="ids"):
+        bert(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="attention_mask"):
+        bert(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 5))

@@ -182,16 +182,31 @@ def _by_value(value, device_index: int):
     raise TypeError(f"unsupported kernel argument {type(value).__name__}")
 
 
+_tensor_maps: dict[tuple, bytes] = {}  # (address, geometry, dtype, box) -> descriptor
+
+
 def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
     """The TMA descriptor (CUtensorMap, 128 bytes) of a 2-D fp16/bf16 tensor with unit column
     stride, read in boxes of box_cols x box_rows elements with 128-byte swizzle (box_cols * 2
-    must be 128) and zeros out of bounds. The kernel takes it as a `__grid_constant__` struct."""
+    must be 128) and zeros out of bounds. The kernel takes it as a `__grid_constant__` struct.
+    A descriptor holds only the address and the geometry, so one is encoded per distinct
+    (address, shape, pitch, dtype, box): repeated calls on the same buffers cost a dict lookup."""
+    rows, cols = t.shape
+    pitch = t.stride(0) * 2 if rows > 1 else -(-cols * 2 // 16) * 16  # one row: its stride means nothing
+    key = (t.data_ptr(), rows, cols, pitch, t.dtype, box_cols, box_rows)
+    desc = _tensor_maps.get(key)
+    if desc is None:
+        if len(_tensor_maps) > 4096:  # addresses follow the allocator: keep the dict bounded
+            _tensor_maps.clear()
+        desc = _tensor_maps[key] = _encode_tensor_map(t, rows, cols, pitch, box_cols, box_rows)
+    return desc
+
+
+def _encode_tensor_map(t: torch.Tensor, rows: int, cols: int, pitch: int, box_cols: int, box_rows: int) -> bytes:
     from cuda.bindings import driver
 
     kinds = {torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
              torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
-    rows, cols = t.shape
-    pitch = t.stride(0) * 2 if rows > 1 else -(-cols * 2 // 16) * 16  # one row: its stride means nothing
     if t.dtype not in kinds or t.stride(1) != 1 or pitch % 16 or t.data_ptr() % 16:
         raise ValueError("tensor_map_2d needs an fp16/bf16 tensor with unit column stride, 16-byte aligned rows")
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
