@@ -20,6 +20,8 @@ from pathlib import Path
 from .bench import suites
 
 NO_REEXEC_ENV = "SPARTUNE_NO_REEXEC"
+E2E_DESCRIPTION = ("whole models, dense and sparse, eager and torch.compile: BERT-base, a Llama-7B decoder layer "
+                   "(prefill, decode under CUDA graphs), MobileNetV1 (--filter picks models; --quick: block:64 at 90%)")
 
 
 # --- argument types (argparse turns their ArgumentTypeError into a usage error, exit 2) ---------------
@@ -58,8 +60,8 @@ def _positive(kind):
     return parse
 
 
-def _problem_args(p: argparse.ArgumentParser, *, suite_help: str) -> None:
-    p.add_argument("--suite", choices=sorted(suites.SUITES), help=suite_help)
+def _problem_args(p: argparse.ArgumentParser, *, suite_help: str, extra_suites=()) -> None:
+    p.add_argument("--suite", choices=sorted([*suites.SUITES, *extra_suites]), help=suite_help)
     p.add_argument("--shape", type=_shape, action="append", metavar="M,K,N",
                    help="a weight M x K applied to N tokens (repeatable); replaces the suite's shapes")
     p.add_argument("--pattern", type=_pattern, action="append", metavar="P",
@@ -91,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rows", type=_positive(int), default=1024)
     demo.add_argument("--cols", type=_positive(int), default=768)
 
-    suite_lines = "\n".join(f"  {name:<10} {s.description}" for name, s in suites.SUITES.items())
+    suite_lines = "\n".join(f"  {name:<10} {s.description}" for name, s in suites.SUITES.items()) + \
+        f"\n  {'e2e':<10} {E2E_DESCRIPTION}"
     bench = sub.add_parser(
         "bench", help="time spartune against cuBLAS, cuSPARSE, torch BSR and cuSPARSELt; table, JSON, plot",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -99,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "DIR/bench-SUITE.{txt,json,png}. Without a CUDA GPU: a correctness-only pass under the "
                     "Triton interpreter on scaled-down shapes.",
         epilog=f"suites:\n{suite_lines}")
-    _problem_args(bench, suite_help="the problems to run (default: quick)")
+    _problem_args(bench, suite_help="the problems to run (default: quick)", extra_suites=("e2e",))
     bench.add_argument("--quick", action="store_true",
                        help="a few problems, under a minute on a GPU (with --suite: 4 of that suite's problems)")
     bench.add_argument("--out", default="spartune-bench", metavar="DIR", help="where results go (default: %(default)s)")
@@ -196,6 +199,8 @@ def _select(parser, args, *, quick: bool = False, shapes_file=None):
 
 
 def _bench(parser, args, argv) -> int:
+    if args.suite == "e2e":
+        return _bench_e2e(parser, args)
     try:
         suite, specs = _select(parser, args, quick=args.quick)
     except suites.SuiteUnavailable as e:
@@ -239,6 +244,51 @@ def _bench(parser, args, argv) -> int:
             print(f"{what:<5} {paths[what]}")
     return 0 if doc["rows"] and all(r.get("ok") or (doc["kind"] == "correctness" and not r.get("failed"))
                                     for r in doc["rows"]) else 1
+
+
+def _bench_e2e(parser, args) -> int:
+    import torch
+
+    from .bench import e2e
+
+    workloads = [w for w in e2e.WORKLOADS if not args.filter or any(f.lower() in w.name.lower() for f in args.filter)]
+    if not workloads:
+        parser.error(f"no e2e model matches --filter; models: {', '.join(w.name for w in e2e.WORKLOADS)}")
+    if args.shape:
+        parser.error("--shape does not apply to the e2e suite (its shapes are the models')")
+    if args.dtype == "float32":
+        parser.error("the e2e suite runs in float16 or bfloat16")
+    pts = e2e.points(args.pattern, [1 - d for d in args.density] if args.density else None, quick=args.quick)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = _cuda()
+    if not cuda:
+        print("No CUDA device: running tiny versions of the models on the CPU, eager only (nothing is timed "
+              "that means anything).", flush=True)
+    if args.mode:
+        from . import dispatch
+
+        dispatch.set_mode(args.mode)
+    json_path = out / "bench-e2e.json"
+
+    def checkpoint(doc):
+        json_path.write_text(json.dumps(doc, indent=1))
+
+    dtype = getattr(torch, args.dtype) if cuda else torch.float32  # the CPU's half matmuls are not the GPU's
+    doc = e2e.run(workloads, pts, dtype=dtype, device="cuda" if cuda else "cpu", compile=cuda,
+                  tiny=not cuda, budget_s=args.budget_s, checkpoint=checkpoint)
+    checkpoint(doc)
+    text = e2e.table(doc)
+    (out / "bench-e2e.txt").write_text(text + "\n")
+    print()
+    print(text)
+    try:
+        e2e.plot(doc, out / "bench-e2e.png")
+        print(f"plot  {out / 'bench-e2e.png'}")
+    except ImportError:
+        print("matplotlib is not installed (pip install 'spartune[bench]'): no plot")
+    print(f"json  {json_path}")
+    return 0 if doc["rows"] and not any("error" in r for r in doc["rows"]) else 1
 
 
 def _cuda() -> bool:

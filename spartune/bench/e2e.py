@@ -1,0 +1,301 @@
+"""The end-to-end suite (`spartune bench --suite e2e`): whole models, dense against sparsified,
+eager and torch.compile, the way a user runs them.
+
+Workloads: a BERT-base encoder (batch 8 x 512 and 32 x 128), a Llama-7B decoder layer at
+prefill 2048 and at decode N = 1 and 8 (static KV cache, every variant replayed from a CUDA
+graph captured by hand, as serving engines do), MobileNetV1 at batch 64 (batch norm folded,
+channels last). Every pattern at every sparsity where it applies (N:M patterns at their own).
+
+A time is the median over a few repeats of back-to-back calls, so host time counts: it is
+what the user waits for. Speedups compare like with like (compiled sparse against compiled
+dense). Each row also records weight memory (the state dict's bytes), the first sparse call
+(tuning plus kernel compilation, against an empty tuning DB the first time a shape is seen),
+and how far the compiled output is from the eager one.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..nn import sparsify
+from . import bert, models
+
+PATTERNS = ("block:64", "csr", "shfl:64", "2:4", "64:2:8")
+SPARSITIES = (0.5, 0.75, 0.9)
+QUICK = (("block:64", 0.9),)  # the must-show point of every model
+
+DECODE_CONTEXT = 2048  # tokens already in the KV cache when decoding
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    build: Callable[[torch.dtype, str, bool], tuple[nn.Module, Callable[[nn.Module], Callable]]]
+    graphed: bool = False  # every variant replayed from a CUDA graph (decode)
+
+
+def _bert(batch: int, tokens: int):
+    def build(dtype, device, tiny):
+        c = bert.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256) if tiny \
+            else bert.BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+        b, t = (2, 16) if tiny else (batch, tokens)
+        model = bert.BertEncoder(c).to(device, dtype).eval()
+        ids = torch.randint(0, c.vocab_size, (b, t), device=device)
+        return model, lambda m: (lambda: m(ids))
+    return build
+
+
+def _llama(tokens: int, decode: bool):
+    def build(dtype, device, tiny):
+        hidden, inter, heads = (64, 160, 4) if tiny else (4096, 11008, 32)
+        n, context = (min(tokens, 8), 16) if tiny else (tokens, DECODE_CONTEXT)
+        model = models.LlamaDecoderLayer(hidden, inter, heads).to(device, dtype).eval()
+        x = torch.randn(1, n, hidden, device=device, dtype=dtype)
+        if not decode:
+            positions = torch.arange(n, device=device)
+            return model, lambda m: (lambda: m(x, positions))
+        cache = models.KVCache(1, heads, context + n, hidden // heads, dtype=dtype, device=device)
+        cache.k.normal_()
+        cache.v.normal_()
+        positions = torch.arange(context, context + n, device=device)
+        return model, lambda m: (lambda: m(x, positions, cache))
+    return build
+
+
+def _mobilenet(batch: int):
+    def build(dtype, device, tiny):
+        model = models.mobilenet_v1(num_classes=10 if tiny else 1000, width=0.25 if tiny else 1.0).eval()
+        model = models.fold_batch_norms(model).to(device, dtype).to(memory_format=torch.channels_last)
+        b, side = (2, 32) if tiny else (batch, 224)
+        x = torch.randn(b, 3, side, side, device=device, dtype=dtype).to(memory_format=torch.channels_last)
+        return model, lambda m: (lambda: m(x))
+    return build
+
+
+WORKLOADS = (
+    Workload("bert-base 8x512", _bert(8, 512)),
+    Workload("bert-base 32x128", _bert(32, 128)),
+    Workload("llama7b-layer prefill 2048", _llama(2048, decode=False)),
+    Workload("llama7b-layer decode N=1", _llama(1, decode=True), graphed=True),
+    Workload("llama7b-layer decode N=8", _llama(8, decode=True), graphed=True),
+    Workload("mobilenet-v1 batch 64", _mobilenet(64)),
+)
+
+
+def points(patterns=None, sparsities=None, quick: bool = False) -> list[tuple[str, float]]:
+    """(pattern, sparsity) pairs: N:M patterns once, at their own sparsity."""
+    from ..prune.patterns import parse_pattern
+
+    if quick:
+        return list(QUICK)
+    out = []
+    for p in patterns or PATTERNS:
+        fixed = parse_pattern(p).fixed_density
+        out += [(p, 1 - fixed)] if fixed is not None else [(p, s) for s in sparsities or SPARSITIES]
+    return list(dict.fromkeys(out))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the state dict (what is stored and loaded), each storage counted once."""
+    seen = {}
+    for t in model.state_dict().values():
+        if torch.is_tensor(t):
+            seen[(t.device, t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device: str, *, target_s: float = 0.15, repeats: int = 5) -> float:
+    """Median ms per call over `repeats` runs of back-to-back calls (about target_s each)."""
+    fn()
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    calls = max(1, min(200, round(target_s / max(time.perf_counter() - t, 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t) / calls * 1e3)
+    return statistics.median(samples)
+
+
+def captured(fn, device: str):
+    """fn captured in one CUDA graph (after warm-up calls on a side stream); its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return lambda: (graph.replay(), out)[1]
+
+
+def _variants(model, call, workload: Workload, device: str, compile: bool) -> dict[str, Callable]:
+    fns = {"eager": call(model)}
+    if compile:
+        torch._dynamo.reset()  # each model compiles afresh (no guard churn across models)
+        fns["compile"] = call(torch.compile(model))
+    if workload.graphed and torch.device(device).type == "cuda":
+        fns = {k: captured(f, device) for k, f in fns.items()}
+    return fns
+
+
+def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def run_workload(workload: Workload, pts, *, dtype=torch.float16, device="cuda", compile: bool = True,
+                 tiny: bool = False, progress=print) -> list[dict]:
+    """Rows for one workload: dense, then each (pattern, sparsity), each variant."""
+    torch.manual_seed(0)
+    dense, call = workload.build(dtype, device, tiny)
+    rows, base = [], {}
+    with torch.no_grad():
+        for pattern, sparsity in [("dense", 0.0), *pts]:
+            row = dict(workload=workload.name, pattern=pattern, sparsity=sparsity, dtype=str(dtype).split(".")[-1])
+            try:
+                rows += _run_point(dense, call, workload, row, base, device, compile, progress)
+            except Exception as e:  # noqa: BLE001 - a model that fails is a result to report, not the end of the run
+                if pattern == "dense":
+                    raise
+                rows.append({**row, "error": f"{type(e).__name__}: {e}"})
+                progress(f"{workload.name} {pattern} {sparsity:.0%}: {rows[-1]['error']}")
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _run_point(dense, call, workload, row, base, device, compile, progress) -> list[dict]:
+    model = dense
+    if row["pattern"] != "dense":
+        model = copy.deepcopy(dense)
+        t = time.perf_counter()
+        reports = sparsify(model, row["pattern"], row["sparsity"])
+        row["sparsify_s"] = time.perf_counter() - t
+        row["sparse_layers"] = sum(r.pattern is not None for r in reports.values())
+        row["layers"] = len(reports)
+    t = time.perf_counter()
+    eager_out = call(model)()
+    _sync(device)
+    row["first_call_s"] = time.perf_counter() - t  # sparse: tuning and kernel compilation
+    row["weight_bytes"] = weight_bytes(model)
+    rows = []
+    cuda = torch.device(device).type == "cuda"
+    for variant, fn in _variants(model, call, workload, device, compile).items():
+        t = time.perf_counter()
+        out = fn()  # compiles, captures
+        _sync(device)
+        ms = time_ms(fn, device, target_s=0.15 if cuda else 0.01, repeats=5 if cuda else 2)
+        r = {**row, "variant": variant, "ms": ms, "setup_s": time.perf_counter() - t,
+             "diff_vs_eager": _relative_diff(out, eager_out) if variant != "eager" else 0.0}
+        if row["pattern"] == "dense":
+            base[variant] = (ms, row["weight_bytes"])
+        else:
+            r["speedup"] = base[variant][0] / ms
+            r["memory_ratio"] = row["weight_bytes"] / base[variant][1]
+        rows.append(r)
+        progress(_line(r))
+    return rows
+
+
+def _line(r: dict) -> str:
+    what = "dense" if r["pattern"] == "dense" else f"{r['pattern']} {r['sparsity']:.0%}"
+    tail = f" x{r['speedup']:.2f}" if "speedup" in r else ""
+    return f"{r['workload']:<28} {what:<14} {r['variant']:<8} {r['ms']:9.3f} ms{tail}"
+
+
+def run(workloads=WORKLOADS, pts=None, *, dtype=torch.float16, device="cuda", compile: bool = True,
+        tiny: bool = False, budget_s: float | None = None, progress=print, checkpoint=None) -> dict:
+    """Every workload at every point; a document (rows plus the setting) for table/JSON/plot.
+    With budget_s, no workload starts after that many seconds."""
+    pts = points() if pts is None else pts
+    doc = dict(kind="e2e", device=torch.cuda.get_device_name() if device == "cuda" else device,
+               torch=torch.__version__, dtype=str(dtype).split(".")[-1], compile=compile, rows=[])
+    start = time.perf_counter()
+    for w in workloads:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            progress(f"time budget spent: {w.name} and later workloads not run")
+            break
+        doc["rows"] += run_workload(w, pts, dtype=dtype, device=device, compile=compile, tiny=tiny, progress=progress)
+        if checkpoint:
+            checkpoint(doc)
+    return doc
+
+
+def table(doc: dict) -> str:
+    """Markdown: one line per workload and sparse model; ms and speedup per variant."""
+    rows = [r for r in doc["rows"] if "ms" in r]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    head = ["workload", "pattern", "sparsity"] + [f"{v} ms" for v in variants] + [f"x dense {v}" for v in variants] \
+        + ["weight MB", "first call s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["pattern"], r["sparsity"]), {})[r["variant"]] = r
+    for (w, p, s), by in groups.items():
+        any_row = next(iter(by.values()))
+        cells = [w, p, "" if p == "dense" else f"{s:.0%}"]
+        cells += [f"{by[v]['ms']:.3f}" if v in by else "" for v in variants]
+        cells += [f"{by[v]['speedup']:.2f}" if v in by and "speedup" in by[v] else "" for v in variants]
+        cells += [f"{any_row['weight_bytes'] / 1e6:.1f}", f"{any_row['first_call_s']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for r in doc["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['workload']} | {r['pattern']} | {r['sparsity']:.0%} | {r['error']} |")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path) -> None:
+    """Speedup of the sparse model over the dense one against sparsity, one panel per workload,
+    one line per pattern (solid: compiled, dashed: eager)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if "speedup" in r]
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    if not names:
+        return
+    cols = min(3, len(names))
+    fig, axes = plt.subplots(math.ceil(len(names) / cols), cols, figsize=(4.5 * cols, 3.4 * math.ceil(len(names) / cols)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for pattern in dict.fromkeys(r["pattern"] for r in rows):
+            for variant, style in (("compile", "-"), ("eager", "--")):
+                pts = sorted((100 * r["sparsity"], r["speedup"]) for r in rows
+                             if r["workload"] == name and r["pattern"] == pattern and r["variant"] == variant)
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=4, label=f"{pattern} {variant}")
+        ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("sparsity %", fontsize=8)
+        ax.set_ylabel("speedup over dense", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(f"{doc['device']}, {doc['dtype']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,50 @@
+"""The end-to-end suite's harness on tiny models (CPU, eager): rows, speedups, memory, CLI."""
+import json
+
+import pytest
+import torch
+
+from spartune.bench import e2e
+from spartune.cli import main
+
+
+def test_points_fixed_patterns_once():
+    pts = e2e.points(["block:64", "2:4", "64:2:8"], [0.5, 0.9])
+    assert pts == [("block:64", 0.5), ("block:64", 0.9), ("2:4", 0.5), ("64:2:8", 0.75)]
+    assert e2e.points(quick=True) == [("block:64", 0.9)]
+
+
+@pytest.mark.parametrize("workload", e2e.WORKLOADS, ids=lambda w: w.name)
+def test_every_workload_runs_tiny(workload):
+    rows = e2e.run_workload(workload, [("csr", 0.9), ("2:4", 0.5)], dtype=torch.float32, device="cpu",
+                            compile=False, tiny=True, progress=lambda _: None)
+    assert [(r["pattern"], r["variant"]) for r in rows] == [("dense", "eager"), ("csr", "eager"), ("2:4", "eager")]
+    dense, csr, nm = rows
+    assert all(r["ms"] > 0 for r in rows)
+    assert csr["speedup"] == pytest.approx(dense["ms"] / csr["ms"])
+    assert csr["sparse_layers"] >= 1 and csr["layers"] >= csr["sparse_layers"]
+    assert csr["weight_bytes"] < nm["weight_bytes"] < dense["weight_bytes"]  # 90% CSR < 2:4 < dense
+
+
+def test_weight_bytes_counts_shared_storage_once():
+    lin = torch.nn.Linear(8, 4, bias=False)
+    tied = torch.nn.ModuleDict({"a": lin, "b": lin})
+    assert e2e.weight_bytes(tied) == 8 * 4 * 4
+
+
+def test_cli_writes_table_json_plot(tmp_path, capsys):
+    code = main(["bench", "--suite", "e2e", "--filter", "mobilenet", "--pattern", "block:64", "--density", "0.25",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "bench-e2e.json").read_text())
+    assert {r["pattern"] for r in doc["rows"]} == {"dense", "block:64x64"}
+    assert "| mobilenet-v1 batch 64 | block:64x64 | 75% |" in (tmp_path / "bench-e2e.txt").read_text()
+    assert (tmp_path / "bench-e2e.png").stat().st_size > 0
+
+
+def test_cli_refuses_what_does_not_apply(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--suite", "e2e", "--filter", "resnet"])
+    assert "no e2e model matches" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--suite", "e2e", "--shape", "64,64,64"])
