@@ -150,12 +150,18 @@ def captured(fn, device: str):
 
 
 def _variants(model, call, workload: Workload, device: str, compile: bool) -> dict[str, Callable]:
+    """eager and compiled; with CUDA graphs too: the decode workloads capture both by hand (as
+    serving engines do), the others add torch.compile's mode="reduce-overhead"."""
     fns = {"eager": call(model)}
+    cuda = torch.device(device).type == "cuda"
     if compile:
         torch._dynamo.reset()  # each model compiles afresh (no guard churn across models)
         fns["compile"] = call(torch.compile(model))
-    if workload.graphed and torch.device(device).type == "cuda":
-        fns = {k: captured(f, device) for k, f in fns.items()}
+        if cuda and not workload.graphed:
+            graphed = call(torch.compile(model, mode="reduce-overhead"))
+            fns["compile+graphs"] = lambda: (torch.compiler.cudagraph_mark_step_begin(), graphed())[1]
+    if workload.graphed and cuda:
+        fns = {f"{k}+graph": captured(f, device) for k, f in fns.items()}
     return fns
 
 
@@ -165,13 +171,17 @@ def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_workload(workload: Workload, pts, *, dtype=torch.float16, device="cuda", compile: bool = True,
-                 tiny: bool = False, progress=print) -> list[dict]:
-    """Rows for one workload: dense, then each (pattern, sparsity), each variant."""
+                 tiny: bool = False, progress=print, deadline: float = math.inf) -> list[dict]:
+    """Rows for one workload: dense, then each (pattern, sparsity), each variant; no sparse
+    model starts after `deadline` (time.perf_counter())."""
     torch.manual_seed(0)
     dense, call = workload.build(dtype, device, tiny)
     rows, base = [], {}
     with torch.no_grad():
         for pattern, sparsity in [("dense", 0.0), *pts]:
+            if pattern != "dense" and time.perf_counter() > deadline:
+                progress(f"time budget spent: {workload.name} {pattern} {sparsity:.0%} and later points not run")
+                break
             row = dict(workload=workload.name, pattern=pattern, sparsity=sparsity, dtype=str(dtype).split(".")[-1])
             try:
                 rows += _run_point(dense, call, workload, row, base, device, compile, progress)
@@ -203,11 +213,11 @@ def _run_point(dense, call, workload, row, base, device, compile, progress) -> l
     cuda = torch.device(device).type == "cuda"
     for variant, fn in _variants(model, call, workload, device, compile).items():
         t = time.perf_counter()
-        out = fn()  # compiles, captures
+        diff = _relative_diff(fn(), eager_out)  # (compiles, captures) before the next call overwrites it
         _sync(device)
+        setup_s = time.perf_counter() - t
         ms = time_ms(fn, device, target_s=0.15 if cuda else 0.01, repeats=5 if cuda else 2)
-        r = {**row, "variant": variant, "ms": ms, "setup_s": time.perf_counter() - t,
-             "diff_vs_eager": _relative_diff(out, eager_out) if variant != "eager" else 0.0}
+        r = {**row, "variant": variant, "ms": ms, "setup_s": setup_s, "diff_vs_eager": diff}
         if row["pattern"] == "dense":
             base[variant] = (ms, row["weight_bytes"])
         else:
@@ -227,16 +237,17 @@ def _line(r: dict) -> str:
 def run(workloads=WORKLOADS, pts=None, *, dtype=torch.float16, device="cuda", compile: bool = True,
         tiny: bool = False, budget_s: float | None = None, progress=print, checkpoint=None) -> dict:
     """Every workload at every point; a document (rows plus the setting) for table/JSON/plot.
-    With budget_s, no workload starts after that many seconds."""
+    With budget_s, no model starts after that many seconds."""
     pts = points() if pts is None else pts
     doc = dict(kind="e2e", device=torch.cuda.get_device_name() if device == "cuda" else device,
                torch=torch.__version__, dtype=str(dtype).split(".")[-1], compile=compile, rows=[])
-    start = time.perf_counter()
+    deadline = time.perf_counter() + (math.inf if budget_s is None else budget_s)
     for w in workloads:
-        if budget_s is not None and time.perf_counter() - start > budget_s:
+        if time.perf_counter() > deadline:
             progress(f"time budget spent: {w.name} and later workloads not run")
             break
-        doc["rows"] += run_workload(w, pts, dtype=dtype, device=device, compile=compile, tiny=tiny, progress=progress)
+        doc["rows"] += run_workload(w, pts, dtype=dtype, device=device, compile=compile, tiny=tiny, progress=progress,
+                                    deadline=deadline)
         if checkpoint:
             checkpoint(doc)
     return doc
@@ -267,7 +278,8 @@ def table(doc: dict) -> str:
 
 def plot(doc: dict, path) -> None:
     """Speedup of the sparse model over the dense one against sparsity, one panel per workload,
-    one line per pattern (solid: compiled, dashed: eager)."""
+    one line per pattern and variant (solid: compiled with CUDA graphs, dash-dot: compiled,
+    dashed: eager)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -282,7 +294,7 @@ def plot(doc: dict, path) -> None:
                              squeeze=False)
     for ax, name in zip(axes.flat, names):
         for pattern in dict.fromkeys(r["pattern"] for r in rows):
-            for variant, style in (("compile", "-"), ("eager", "--")):
+            for variant, style in (("compile+graphs", "-"), ("compile+graph", "-"), ("compile", "-."), ("eager", "--")):
                 pts = sorted((100 * r["sparsity"], r["speedup"]) for r in rows
                              if r["workload"] == name and r["pattern"] == pattern and r["variant"] == variant)
                 if pts:
