@@ -91,7 +91,10 @@ def _autograd(op, backward, setup_context):
 def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
             residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
     with direct_launches():  # an operator returns memory of its own, never a graph's static output
-        return ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
+        y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
+    # The fake promises a contiguous output whatever backend the tuner picks at run time
+    # (cuSPARSELt's is a transposed view): compiled graphs assert the strides.
+    return y.contiguous()
 
 
 @_fake(_linear)
@@ -105,7 +108,7 @@ def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
 @_operator("spmm(Tensor[] weight, str spec, Tensor X, ScalarType? out_dtype) -> Tensor")
 def _spmm(weight: list[Tensor], spec: str, X: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
     with direct_launches():
-        return ops.spmm(format_of(weight, spec), X, out_dtype=out_dtype)
+        return ops.spmm(format_of(weight, spec), X, out_dtype=out_dtype).contiguous()  # as the fake says
 
 
 @_fake(_spmm)

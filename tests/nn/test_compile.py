@@ -215,3 +215,20 @@ def test_wrong_input_width_fails_at_trace_time():
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     with torch.no_grad(), pytest.raises(Exception, match="last dimension 32"):
         compiled(torch.randn(4, 31))
+
+
+def test_operator_output_is_contiguous_as_its_fake_promises(monkeypatch):
+    """A backend may return a transposed view (cuSPARSELt's y^T); compiled graphs assert the
+    fake's contiguous strides, so the operator hands back a contiguous tensor, same values."""
+    from spartune import library, ops
+
+    real = ops.linear
+    monkeypatch.setattr(ops, "linear", lambda *a, **k: real(*a, **k).t().contiguous().t())
+    torch.manual_seed(0)
+    A = st.CSR.from_dense(torch.randn(24, 32) * (torch.rand(24, 32) > 0.5))
+    x = torch.randn(40, 32)
+    y = library._linear(x, A.tensor_list(), A.spec, None, None, None, 1.0, None)
+    assert y.is_contiguous() and y.stride() == (24, 1)
+    torch.testing.assert_close(y, x @ A.to_dense().T, **TOL)
+    compiled = torch.compile(lambda x: st.linear(x, A), backend="inductor", fullgraph=True)
+    torch.testing.assert_close(compiled(x), x @ A.to_dense().T, **TOL)
