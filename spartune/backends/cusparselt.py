@@ -107,9 +107,12 @@ def _product(A, x, alg: int, bias):
     return g(x, bias)[:, : x.shape[0]]
 
 
-def run(A, x, out, alg: int, *, bias=None, activation=None, residual=None, scale=1.0):
-    """y = epilogue(x @ A^T) through cuSPARSELt algorithm `alg`; `out` (N, M) or a tensor of its
-    own. The caller has run `_check`."""
+def run(A, x, out, alg: int, *, bias=None, activation=None, residual=None, scale=1.0, transposed_ok=False):
+    """y = epilogue(x @ A^T) through cuSPARSELt algorithm `alg`, written into `out` (N, M).
+    `transposed_ok`: hand out y^T's transposed view instead (no copy; cuSPARSELt at its best,
+    what the benchmarks compare with). The library route writes `out`, so that the tuner's
+    measurement includes the copy a row-major y costs (in a model, the next layer or a compiled
+    graph wants F.linear's layout). The caller has run `_check`."""
     fuse_bias = bias is not None and scale == 1.0 and bias.dtype == A.dtype
     yt = _product(A, x, alg, bias if fuse_bias else None)  # (M, N), handed out as is
     whole = activation is None and residual is None and scale == 1.0 and (bias is None or fuse_bias) \
@@ -118,21 +121,26 @@ def run(A, x, out, alg: int, *, bias=None, activation=None, residual=None, scale
         if out.stride(0) == 1 and out.stride(1) == out.shape[0]:  # out = Y.T of a contiguous Y
             out.t().copy_(yt)
             return out
-        return yt.t()
+        if transposed_ok:
+            return yt.t()
+        return out.copy_(yt.t())
     return _common.finish(yt.t(), out, None if fuse_bias else bias, activation, residual, scale)
 
 
-def cusparselt_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
+def cusparselt_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0, transposed_ok=False):
     """cuSPARSELt 2:4, algorithm 0, for 2:4 fp16/bf16 weights only."""
     _check(A, x)
-    return run(A, x, out, 0, bias=bias, activation=activation, residual=residual, scale=scale)
+    return run(A, x, out, 0, bias=bias, activation=activation, residual=residual, scale=scale,
+               transposed_ok=transposed_ok)
 
 
-def cusparselt_search_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
+def cusparselt_search_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0,
+                             transposed_ok=False):
     """cuSPARSELt 2:4 with the algorithm its search picks for this N; declines when that is 0
     (the same as `cusparselt_linear`)."""
     _check(A, x)
     alg = search_alg(A, x.shape[0])
     if alg == 0:
         raise CusparseltUnsupported("cuSPARSELt's search picked algorithm 0: the same as 'cusparselt'")
-    return run(A, x, out, alg, bias=bias, activation=activation, residual=residual, scale=scale)
+    return run(A, x, out, alg, bias=bias, activation=activation, residual=residual, scale=scale,
+               transposed_ok=transposed_ok)

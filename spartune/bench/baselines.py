@@ -56,8 +56,8 @@ def _cublas_layout(w, x, xt, op):
 
 
 def _cusparselt_best(cusparselt, A, x, xt, op):
-    """cuSPARSELt called as the tuner's backends call it (compressed weight first, y^T read
-    without a copy, its plan replayed from a graph where that is faster), with the faster of
+    """cuSPARSELt at its best (compressed weight first, y^T read without the copy the library
+    route makes for F.linear's layout, its plan replayed from a graph where that is faster), with the faster of
     algorithm 0 and the one its search picks."""
     import torch
 
@@ -67,10 +67,10 @@ def _cusparselt_best(cusparselt, A, x, xt, op):
         x, out = xt.T, torch.empty(A.shape[0], xt.shape[1], dtype=xt.dtype, device=xt.device).T
     else:
         out = torch.empty(x.shape[0], A.shape[0], dtype=x.dtype, device=x.device)
-    runs = [lambda: cusparselt.cusparselt_linear(A, x, out)]
+    runs = [lambda: cusparselt.cusparselt_linear(A, x, out, transposed_ok=True)]
     try:
-        cusparselt.cusparselt_search_linear(A, x, out)  # declines when the search picks algorithm 0
-        runs.append(lambda: cusparselt.cusparselt_search_linear(A, x, out))
+        cusparselt.cusparselt_search_linear(A, x, out, transposed_ok=True)  # declines when the search picks algorithm 0
+        runs.append(lambda: cusparselt.cusparselt_search_linear(A, x, out, transposed_ok=True))
     except cusparselt.CusparseltUnsupported as e:
         if "picked algorithm 0" not in str(e):
             raise

@@ -66,16 +66,28 @@ def test_transposed_out_and_strided_x(dtype):
     assert rel_err(Y, w.double() @ X.double()) <= TOL
 
 
+def test_the_library_route_writes_a_row_major_out():
+    """What the tuner measures and a model gets: F.linear's layout, the copy included."""
+    w = random_2to4(256, 512, torch.float16)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(48, 512, dtype=torch.float16, device="cuda")
+    out = torch.full((48, 256), float("nan"), dtype=torch.float16, device="cuda")
+    y = L.cusparselt_linear(A, x, out)
+    assert y is out and y.is_contiguous()
+    assert rel_err(y, x.double() @ w.double().T) <= TOL
+
+
 def test_held_outputs_are_never_overwritten():
     w = random_2to4(256, 512, torch.float16)
     A = st.NM.from_dense(w, 2, 4)
     xs = [torch.randn(32, 512, dtype=torch.float16, device="cuda") for _ in range(L.MAX_GRAPHS + 2)]
-    ys = [L.cusparselt_linear(A, x, torch.empty(32, 256, dtype=torch.float16, device="cuda")) for x in xs]
+    ys = [L.cusparselt_linear(A, x, torch.empty(32, 256, dtype=torch.float16, device="cuda"), transposed_ok=True)
+          for x in xs]
     for x, y in zip(xs, ys):
         assert rel_err(y, x.double() @ w.double().T) <= TOL
     ptr = ys[0].data_ptr()
     del ys
-    y = L.cusparselt_linear(A, xs[0], torch.empty(32, 256, dtype=torch.float16, device="cuda"))
+    y = L.cusparselt_linear(A, xs[0], torch.empty(32, 256, dtype=torch.float16, device="cuda"), transposed_ok=True)
     assert y.data_ptr() == ptr  # a graph whose output was dropped is replayed again
     assert rel_err(y, xs[0].double() @ w.double().T) <= TOL
 
