@@ -119,10 +119,6 @@ class Config:
     group: int = 8  # units that sweep the token strips together
     tma: bool = False  # BSR: move tiles by TMA (when x and out are row-contiguous and aligned)
     persistent: bool = False  # TMA path: one program per SM slot looping over tiles
-    # Shfl-BW in the linear layout: x copied first into a (K, N) buffer, so that each kept
-    # column's tokens are one contiguous row (a K-contiguous x puts them K apart: every element
-    # its own sector). The copy is paid on every call and counted in the measurement.
-    tokens_major: bool = False
 
 
 SMEM_BYTES = 227 * 1024
@@ -144,9 +140,6 @@ def space(problem: Problem) -> list[Config]:
     elt = 4 if problem.dtype == "float32" else 2
     n_cap = max(16, triton.next_power_of_2(problem.n))
     out = []
-    # Shfl-BW gathering from a K-contiguous x (linear layout): both ways, as it is or from a
-    # (K, N) copy; the spmm layout's x is (K, N) already
-    majors = (False, True) if fixed_bk is None and problem.layout == "linear" and problem.n > 1 else (False,)
     for bk in (fixed_bk,) if fixed_bk else (32, 64):
         for bn in (16, 32, 64, 128, 256):
             if bn > n_cap or bm * bn > 128 * 256:
@@ -161,7 +154,7 @@ def space(problem: Problem) -> list[Config]:
                         for tma in (False, True) if fixed_bk else (False,):
                             if tma and num_stages * (bm * bk + bk * bn) * elt + bm * bn * elt > SMEM_BYTES:
                                 continue  # TMA stages the output tile in shared memory too
-                            out += [Config(bn, bk, num_warps, num_stages, group, tma, tokens_major=t) for t in majors]
+                            out.append(Config(bn, bk, num_warps, num_stages, group, tma))
                             if tma and num_stages >= 3:
                                 out.append(Config(bn, bk, num_warps, num_stages, group, tma, True))
     return out
@@ -192,10 +185,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     # x re-reads bound the block kernels), all through L2
     a_l2 = steps_total * bm * config.bk * elt
     x_l2 = steps_total * config.bk * config.bn * elt
-    copy_bytes = 0
-    if config.tokens_major:
-        copy_bytes = 2 * x_bytes  # x read and written once more, before the kernel
-    elif shuffled and problem.layout == "linear" and problem.n > 1:
+    if shuffled and problem.layout == "linear" and problem.n > 1:
         # kept columns gathered from a K-contiguous x: tokens are K apart, so every element
         # is its own 32-byte sector (LOG.md v1: ~20x slower than the spmm layout)
         x_l2 *= 32 // elt
@@ -241,7 +231,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         tiles=tiles,
         mma_flops=2.0 * tiles * bm * config.bn * k_eff,
         fma_flops=0.0,
-        dram_bytes=a_bytes + x_bytes + y_bytes + (s.units * s.items_mean) * 4 + copy_bytes,
+        dram_bytes=a_bytes + x_bytes + y_bytes + (s.units * s.items_mean) * 4,
         l2_bytes=l2_bytes,
         # a longer dependent chain per step is declared as more steps (the work is spread over
         # them, so only the latency grows)
@@ -275,8 +265,6 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         return out
-    if config.tokens_major and x.stride(1) == 1 and N > 1:
-        x = x.t().contiguous().t()  # (N, K) view of a (K, N) buffer
     _blocked_spmm_kernel[grid](
         x, A.values, A.crow, A.col, perm, out,
         bias if bias is not None else out, res,

@@ -36,7 +36,6 @@ CONFIGS = {  # (pattern, config): the TMA and persistent paths, the pointer path
     "block-tma": ("block:16x32", K.Config(32, 32, 4, 3, 1, tma=True)),
     "block-persistent": ("block:16x32", K.Config(16, 32, 4, 3, 8, tma=True, persistent=True)),
     "shfl": ("shfl:16", K.Config(16, 32, 4, 2, 8)),
-    "shfl-tokens-major": ("shfl:16", K.Config(16, 32, 4, 2, 8, tokens_major=True)),
 }
 
 
@@ -107,20 +106,3 @@ def test_wrong_format_is_refused():
     A = st.CSR.from_dense(torch.eye(8))
     with pytest.raises(TypeError, match="BlockSparse or ShuffledBlock"):
         K.launch(A, torch.randn(2, 8), torch.empty(2, 8), CONFIGS["block-ptr"][1])
-
-
-def test_tokens_major_offered_for_shfl_linear_only():
-    """Shfl-BW in the linear layout may copy x into (K, N) first; the spmm layout, decode and
-    block-sparse never do; the model charges the copy and drops the strided-gather penalty."""
-    A = make("shfl:64", 256, 256, 0.2, torch.float16)
-    prob = Problem("linear", A.signature, 256, 256, 2048, "float16", A.stats())
-    majors = {c.tokens_major for c in K.space(prob)}
-    assert majors == {False, True}
-    for layout, n in (("spmm", 2048), ("linear", 1)):
-        assert not any(c.tokens_major for c in K.space(Problem("linear", A.signature, 256, 256, n, "float16",
-                                                               A.stats(), layout=layout)))
-    B = make("block:64x64", 256, 256, 0.2, torch.float16)
-    assert not any(c.tokens_major for c in K.space(Problem("linear", B.signature, 256, 256, 2048, "float16", B.stats())))
-    plain, copied = K.Config(128, 64, 4, 3, 8), K.Config(128, 64, 4, 3, 8, tokens_major=True)
-    fp, fc = K.features(prob, plain), K.features(prob, copied)
-    assert fc.dram_bytes == fp.dram_bytes + 2 * 2048 * 256 * 2 and fc.l2_bytes < fp.l2_bytes
