@@ -29,7 +29,11 @@ def mobilenet_v1(num_classes: int = 1000, width: float = 1.0) -> nn.Sequential:
         out = int(out * width)
         layers += [_conv_bn_relu(c, c, 3, stride, groups=c), _conv_bn_relu(c, out, 1)]
         c = out
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_classes))
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_classes))
+    for m in model.modules():  # He init: activations stay O(1) through 27 layers (torch's default
+        if isinstance(m, nn.Conv2d):  # shrinks them ~2.5x a layer, to fp16 zeros by the last ones)
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+    return model
 
 
 def fold_batch_norms(model: nn.Module) -> nn.Module:
