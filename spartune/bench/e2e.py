@@ -95,6 +95,9 @@ def points(patterns=None, sparsities=None, quick: bool = False) -> list[tuple[st
 
     if quick:
         return list(QUICK)
+    bad = [s for s in sparsities or () if not 0.0 < s < 1.0]
+    if bad:
+        raise ValueError(f"sparsities must lie in (0, 1) (fraction of entries removed), got {bad}")
     out = []
     for p in patterns or PATTERNS:
         fixed = parse_pattern(p).fixed_density
@@ -239,6 +242,10 @@ def run(workloads=WORKLOADS, pts=None, *, dtype=torch.float16, device="cuda", co
     """Every workload at every point; a document (rows plus the setting) for table/JSON/plot.
     With budget_s, no model starts after that many seconds."""
     pts = points() if pts is None else pts
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"the e2e suite runs float16, bfloat16 or float32 models, got {dtype}")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the e2e suite was asked for CUDA but no CUDA device is available")
     doc = dict(kind="e2e", device=torch.cuda.get_device_name() if device == "cuda" else device,
                torch=torch.__version__, dtype=str(dtype).split(".")[-1], compile=compile, rows=[])
     deadline = time.perf_counter() + (math.inf if budget_s is None else budget_s)

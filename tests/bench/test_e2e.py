@@ -26,6 +26,15 @@ def test_every_workload_runs_tiny(workload):
     assert csr["weight_bytes"] < nm["weight_bytes"] < dense["weight_bytes"]  # 90% CSR < 2:4 < dense
 
 
+def test_bad_settings_are_refused_before_any_model_is_built():
+    with pytest.raises(ValueError, match="sparsities must lie in"):
+        e2e.points(["block:64"], [1.5])
+    with pytest.raises(ValueError, match="unknown pattern"):
+        e2e.points(["nope"])
+    with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
+        e2e.run(e2e.WORKLOADS[:1], [], dtype=torch.int8, device="cpu")
+
+
 def test_weight_bytes_counts_shared_storage_once():
     lin = torch.nn.Linear(8, 4, bias=False)
     tied = torch.nn.ModuleDict({"a": lin, "b": lin})
