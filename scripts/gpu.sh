@@ -25,7 +25,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config and not benchmark_shapes" & p3=$!
   gpu_tests gpu_tests_csr3.log tests/gpu/test_csr_gpu.py -k "benchmark_shapes" & p4=$!
   gpu_tests gpu_tests_nm.log tests/gpu/test_spmm_nm_gpu.py -k "not vnm" tests/gpu/test_cusparselt_gpu.py & p5=$!
-  gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" & p6=$!
+  gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" tests/gpu/test_csr_smem_gpu.py & p6=$!
   for p in $p1 $p2 $p3 $p4 $p5 $p6; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
   for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
 fi

@@ -55,3 +55,17 @@ def row_chunk(s, start, length, BNNZ: tl.constexpr):
     """Nonzeros s .. s + BNNZ of each row: which exist (R, BNNZ) and where they are stored."""
     j = s + tl.arange(0, BNNZ)
     return j[None, :] < length[:, None], start[:, None] + j[None, :]
+
+
+_COUNTERS: dict = {}
+
+
+def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters for split-K fix-ups, one buffer per device: the last program of a
+    tile counts the others in, then sets its counter back to zero, so one allocation serves every
+    later call, CUDA-graph replays included (make the first call before capturing). Split-K
+    launches on two streams at once must not share a device."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < count:
+        buf = _COUNTERS[device] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+    return buf

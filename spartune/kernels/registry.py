@@ -100,6 +100,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("blocked", "linear", (BlockSparse, ShuffledBlock), "spartune.kernels.spmm_blocked"),
     Family("csr", "linear", (CSR,), "spartune.kernels.spmm_csr"),
+    Family("csr_smem", "linear", (CSR,), "spartune.kernels.spmm_csr_smem", language="cuda"),
     Family("nm", "linear", (NM, VNM), "spartune.kernels.spmm_nm", language="cuda"),
     Family("sddmm", "sddmm", (CSR, BlockSparse), "spartune.kernels.sddmm"),
     Family("softmax", "softmax", (CSR, BlockSparse), "spartune.kernels.sparse_softmax"),

@@ -17,16 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import cuda
-from ._epilogue import ACTIVATION_CODES
+from .cuda.epilogue import NULL, epilogue_args, or_null
 from ..formats import VNM, memo
 from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
-_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 SMEM_BYTES = 48 * 1024  # static shared memory: the x tile must fit without opting in
 
 
@@ -294,7 +292,6 @@ def release_unused(A, configs) -> None:
 
 
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
-_NULL = np.uint64(0)  # an absent bias / residual (a bare 0 would be passed as an int32)
 
 
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: bool = False):
@@ -323,25 +320,12 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
         return out
     if x.dtype != A.dtype:
         raise TypeError(f"x must be {A.dtype} like the weight, got {x.dtype}")
-    epilogue = (_or_null(bias), _or_null(residual), *_epilogue_args(out, bias, residual, activation, scale))
+    epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
     if config.variant == "wgmma":
         _launch_wgmma(A, x, out, config, epilogue)
     else:
         _launch_mma(A, x, out, config, epilogue)
     return out
-
-
-def _or_null(t):
-    return t if t is not None else _NULL
-
-
-def _epilogue_args(out, bias, residual, activation, scale) -> tuple:
-    """Both kernels' trailing arguments: out's and residual's strides, the dtype codes, the
-    activation and the scale."""
-    res = residual
-    return (out.stride(0), out.stride(1), res.stride(0) if res is not None else 0,
-            res.stride(1) if res is not None else 0, _CODES[out.dtype], _CODES[bias.dtype] if bias is not None else 0,
-            _CODES[res.dtype] if res is not None else 0, ACTIVATION_CODES[activation], float(scale))
 
 
 def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
@@ -352,7 +336,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     if gather and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
     kernel = _kernel(config, values.dtype, x.device, gather)
-    cols, map_rows = (column_map(A), A.v) if gather else (_NULL, 1)
+    cols, map_rows = (column_map(A), A.v) if gather else (NULL, 1)
     if gather:
         K = kt * 32  # the kept columns, read through the map
     x_vec = int(not gather and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ...formats import CSR
 from .._bitmap import HW_POPC, csr_bitmap, expand_chunk
-from .._common import dot_precision, grouped_order
+from .._common import arrival_counters, dot_precision, grouped_order
 from .._epilogue import epilogue
 
 
@@ -85,17 +85,13 @@ _WORKSPACES: dict = {}
 
 
 def _split_workspace(device: torch.device, numel: int, locks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A zeroed fp32 workspace and tile counters for split-K, one pair per device. Kernels leave
-    both at zero, so one allocation serves every later call, CUDA-graph replays included (make
-    the first call before capturing). Split-K launches on two streams at once must not share a
-    device."""
-    ws, lk = _WORKSPACES.get(device, (None, None))
+    """A zeroed fp32 workspace, one per device, and the tile counters (arrival_counters). The
+    kernel leaves both at zero, so one allocation serves every later call, CUDA-graph replays
+    included (make the first call before capturing)."""
+    ws = _WORKSPACES.get(device)
     if ws is None or ws.numel() < numel:
-        ws = torch.zeros(max(numel, 1 << 16), dtype=torch.float32, device=device)
-    if lk is None or lk.numel() < locks:
-        lk = torch.zeros(max(locks, 1024), dtype=torch.int32, device=device)
-    _WORKSPACES[device] = (ws, lk)
-    return ws, lk
+        ws = _WORKSPACES[device] = torch.zeros(max(numel, 1 << 16), dtype=torch.float32, device=device)
+    return ws, arrival_counters(device, locks)
 
 
 def launch_dense(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t, res_t, srn, srm, scale,

@@ -1,0 +1,186 @@
+// Unstructured (CSR) SpMM for few tokens on CUDA cores, x staged in shared memory, linear layout
+// with the fused epilogue:  out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
+// A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS groups of R rows
+// (grid x). Its slice of x is copied once into shared memory as KS rows of NT tokens (plus P zero
+// rows that padding slots read); every nonzero then costs one 16-byte shared load per lane instead
+// of a gather through L1 (benchmarks/LOG.md, "CSR decode": that gather bound the Triton kernels).
+// A warp serves R rows, NT / 8 lanes ("a team") per row, each lane 8 tokens in fp32. Its rows'
+// nonzeros come from the sliced ELL copy (kernels/_sliced_ell.py): one 16-byte streaming load per
+// lane brings the row's next 4 (column, value) words; the copy orders each row's columns so that
+// the P rows of a quarter-warp read distinct bank positions.
+// With more than one slice, fp32 partials go to `ws`; the last CTA of a row block (an arrival
+// counter, left at zero again) sums them in slice order (deterministic) and applies the epilogue.
+//   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
+//   NT             tokens per CTA: 8, 16 or 32
+//   WARPS          warps per CTA
+//   KS             columns of K per slice
+#include "epilogue.cuh"
+
+#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS)
+#error "spmm_csr_smem.cu needs SPARTUNE_BF16, NT, WARPS and KS"
+#endif
+
+constexpr int TEAM = NT / 8;     // lanes per row
+constexpr int R = 32 / TEAM;     // rows per warp
+constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: its 16-byte bank positions
+constexpr int THREADS = WARPS * 32;
+constexpr int BM = WARPS * R;    // rows per CTA
+static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
+static_assert(KS % P == 0, "KS must be a multiple of P");
+
+__device__ __forceinline__ float elt_to_float(unsigned bits) {
+#if SPARTUNE_BF16
+  return __uint_as_float(bits << 16);
+#else
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+#endif
+}
+
+// two packed 16-bit elements (low: first) as floats
+__device__ __forceinline__ float2 pair_to_float2(unsigned v) {
+#if SPARTUNE_BF16
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+#else
+  __half2 h = *reinterpret_cast<__half2*>(&v);
+  return __half22float2(h);
+#endif
+}
+
+// the weight is read once: bypass L1, where the staged x does not live but other CTAs' might
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void fma_word(float (&acc)[8], unsigned word, const uint4* xs_lane) {
+  const float v = elt_to_float(word & 0xffffu);
+  const uint4 xv = xs_lane[(word >> 16) * TEAM];
+  float2 f = pair_to_float2(xv.x);
+  acc[0] = fmaf(v, f.x, acc[0]);
+  acc[1] = fmaf(v, f.y, acc[1]);
+  f = pair_to_float2(xv.y);
+  acc[2] = fmaf(v, f.x, acc[2]);
+  acc[3] = fmaf(v, f.y, acc[3]);
+  f = pair_to_float2(xv.z);
+  acc[4] = fmaf(v, f.x, acc[4]);
+  acc[5] = fmaf(v, f.y, acc[5]);
+  f = pair_to_float2(xv.w);
+  acc[6] = fmaf(v, f.x, acc[6]);
+  acc[7] = fmaf(v, f.y, acc[7]);
+}
+
+__device__ __forceinline__ void fma_chunk(float (&acc)[8], const uint4& w, const uint4* xs_lane) {
+  fma_word(acc, w.x, xs_lane);
+  fma_word(acc, w.y, xs_lane);
+  fma_word(acc, w.z, xs_lane);
+  fma_word(acc, w.w, xs_lane);
+}
+
+// words: the sliced ELL's words as 16-byte chunks; offsets (groups * slices + 1) in words;
+// rows (groups * R): the row of each team, -1 for none. x (N, K) at strides (sxn, sxk).
+// ws: fp32 partials (tiles, slices, groups * R, NT) when slices > 1; counters: one per
+// (row block, token tile), zero between calls.
+extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
+    const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
+    const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
+    float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
+    long long sxn, long long sxk, int son, int som, int srn, int srm, int out_code, int bias_code,
+    int res_code, int act, float scale) {
+  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors
+  __shared__ int is_last;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = lane / TEAM, h = lane % TEAM;  // row of the warp's group, which 8 tokens
+  const int g = blockIdx.x * WARPS + warp;
+  const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
+
+  // the first two loads of the rows' words, in flight while x is staged
+  int chunks = 0;
+  const uint4* wp = words;
+  if (g < groups) {
+    const int b = g * slices + s;
+    const int off = offsets[b];
+    chunks = (offsets[b + 1] - off) / (4 * R);
+    wp = words + off / 4 + t;
+  }
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 a = chunks > 0 ? load_stream(wp) : zero;
+  uint4 b = chunks > 1 ? load_stream(wp + R) : zero;
+
+  // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
+  unsigned short* xh = reinterpret_cast<unsigned short*>(xs);
+  for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
+    const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
+    const int kk = k0 + k;
+    unsigned short v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int n = n0 + tb * 8 + i;
+      v[i] = (k < KS && kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
+    }
+    uint4 packed;
+    packed.x = v[0] | (static_cast<unsigned>(v[1]) << 16);
+    packed.y = v[2] | (static_cast<unsigned>(v[3]) << 16);
+    packed.z = v[4] | (static_cast<unsigned>(v[5]) << 16);
+    packed.w = v[6] | (static_cast<unsigned>(v[7]) << 16);
+    reinterpret_cast<uint4*>(xh)[item] = packed;
+  }
+  __syncthreads();
+
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  const uint4* xs_lane = xs + h;
+  for (int c = 0; c < chunks; ++c) {
+    const uint4 next = c + 2 < chunks ? load_stream(wp + (c + 2) * R) : zero;
+    fma_chunk(acc, a, xs_lane);
+    a = b;
+    b = next;
+  }
+
+  const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+  const int team_row = g * R + t;  // position in the rows list
+  if (slices == 1) {
+    if (g < groups) {
+      const int m = rows[team_row];
+      if (m >= 0) {
+        const float bias_m = ep.bias_of(m);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, acc[i], bias_m);
+      }
+    }
+    return;
+  }
+
+  // split K: partials, then the last CTA of this row block and token tile reduces them in order
+  const long long tile_rows = static_cast<long long>(groups) * R;
+  const long long tile_base = static_cast<long long>(blockIdx.z) * slices * tile_rows;
+  if (g < groups) {
+    float4* p = reinterpret_cast<float4*>(ws + ((tile_base + s * tile_rows + team_row) * NT + h * 8));
+    p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  }
+  __threadfence();
+  __syncthreads();
+  int* counter = counters + blockIdx.z * gridDim.x + blockIdx.x;
+  if (tid == 0) is_last = atomicAdd(counter, 1) == slices - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (g < groups) {
+    float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int s2 = 0; s2 < slices; ++s2) {
+      const float4* p = reinterpret_cast<const float4*>(ws + ((tile_base + s2 * tile_rows + team_row) * NT + h * 8));
+      const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
+      sum[0] += lo.x; sum[1] += lo.y; sum[2] += lo.z; sum[3] += lo.w;
+      sum[4] += hi.x; sum[5] += hi.y; sum[6] += hi.z; sum[7] += hi.w;
+    }
+    const int m = rows[team_row];
+    if (m >= 0) {
+      const float bias_m = ep.bias_of(m);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, sum[i], bias_m);
+    }
+  }
+  if (tid == 0) *counter = 0;
+}

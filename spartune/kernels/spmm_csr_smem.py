@@ -1,0 +1,181 @@
+"""Unstructured (CSR) SpMM for decode on CUDA cores, x staged in shared memory
+(src/spmm_csr_smem.cu), linear layout with the fused epilogue.
+
+Why a CUDA family: at 8-32 tokens every nonzero needs a strip of x, and the Triton kernels
+gather it through L1, one cache line per nonzero, which bound them at ~2x the decode floor
+(benchmarks/LOG.md, "CSR decode"); Triton has no indexed load from shared memory. Here a CTA
+copies its slice of K of x into shared memory once and each nonzero costs one 16-byte shared
+load per lane; the weight streams once from a sliced ELL copy (kernels/_sliced_ell.py) whose
+slot order avoids bank conflicts. Config: tokens per CTA (NT), K per slice (KS, split over
+CTAs, partial sums reduced in order by the last CTA of a row block) and warps per CTA.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import cuda
+from ._sliced_ell import SLOTS_PER_LOAD, drop_sliced_ell, memo_key, sliced_ell
+from ._common import arrival_counters, next_pow2
+from .cuda.epilogue import epilogue_args, or_null
+from ..formats import CSR
+from ..tune.problem import KernelFeatures, Problem
+
+DTYPES = ("float16", "bfloat16")
+TOKEN_TILES = (8, 16, 32)
+K_SLICES = (256, 512, 1024, 2048, 4096, 8192)
+WARPS = (4, 8)
+SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
+MAX_SLICES = 64
+# Wide N: each token tile streams the weight again, so past this many tokens only very sparse
+# weights (Sputnik's regime) are worth trying
+WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
+# Per (nonzero, token) a lane issues a conversion and an FMA, plus per nonzero a shared load and
+# the word's decoding over 8 tokens: ~2.4 instructions per FMA, declared as FMA flops
+ISSUE_PER_FMA = 2.4
+
+
+@dataclass(frozen=True)
+class Config:
+    nt: int  # tokens per CTA: 8, 16 or 32 (more tokens: more CTAs along the grid's z)
+    ks: int  # columns of K per slice (one CTA's shared-memory copy of x)
+    warps: int  # warps per CTA; each serves 32 / (nt / 8) rows
+
+
+def _team(nt: int) -> tuple[int, int, int]:
+    """(lanes per row, rows per warp R, bank positions P) for a token tile."""
+    team = nt // 8
+    return team, 32 // team, 8 // team
+
+
+def _smem_bytes(config: Config) -> int:
+    return (config.ks + _team(config.nt)[2]) * config.nt * 2
+
+
+def available(device) -> bool:
+    device = torch.device(device)
+    return device.type == "cuda" and cuda.available(device)
+
+
+def space(problem: Problem) -> list[Config]:
+    """fp16 / bf16 CSR in the linear layout (spmm's x = X.T runs on it too); all tokens up to
+    WIDE_N, beyond that only very sparse weights."""
+    if problem.fmt != "csr" or problem.dtype not in DTYPES or problem.n < 1:
+        return []
+    if problem.n > WIDE_N and problem.stats.density > WIDE_MAX_DENSITY:
+        return []
+    nt = min(32, max(8, next_pow2(problem.n)))
+    limit = SMEM_LIMIT if problem.device.endswith("sm_90") or not problem.device else 99 * 1024
+    out = []
+    for ks in K_SLICES:
+        if ks > max(K_SLICES[0], next_pow2(problem.k)) or math.ceil(problem.k / ks) > MAX_SLICES:
+            continue
+        for warps in WARPS:
+            cfg = Config(nt, ks, warps)
+            if _smem_bytes(cfg) <= limit:
+                out.append(cfg)
+    return out
+
+
+def _slots_per_row(problem: Problem, config: Config) -> float:
+    """Expected slots of a row in one block: the longest of R rows' nonzeros in the slice,
+    rounded up to whole 16-byte loads."""
+    st = problem.stats
+    _, R, _ = _team(config.nt)
+    share = min(config.ks, problem.k) / max(problem.k, 1)
+    mean = st.items_mean * share
+    spread = math.sqrt(mean * (1.0 - min(st.density, 1.0)) + (mean * st.items_cv) ** 2)
+    longest = mean + spread * math.sqrt(2.0 * math.log(R))
+    return math.ceil(longest / SLOTS_PER_LOAD) * SLOTS_PER_LOAD
+
+
+def features(problem: Problem, config: Config) -> KernelFeatures:
+    _, R, _ = _team(config.nt)
+    groups = math.ceil(problem.m / R)
+    slices = math.ceil(problem.k / config.ks)
+    tiles_n = math.ceil(problem.n / config.nt)
+    row_blocks = math.ceil(groups / config.warps)
+    programs = row_blocks * slices * tiles_n
+    slots = _slots_per_row(problem, config)
+    word_bytes = groups * R * slices * slots * 4
+    x_bytes = problem.n * problem.k * 2
+    y_bytes = problem.n * problem.m * 2
+    staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
+    partials = 2 * tiles_n * slices * groups * R * config.nt * 4 if slices > 1 else 0.0
+    steps = slots / SLOTS_PER_LOAD
+    return KernelFeatures(
+        programs=programs,
+        tiles=programs,
+        mma_flops=0.0,
+        fma_flops=2.0 * groups * R * slices * slots * config.nt * tiles_n * ISSUE_PER_FMA,
+        dram_bytes=word_bytes + x_bytes + y_bytes,
+        l2_bytes=word_bytes * tiles_n + staged + y_bytes,
+        steps_max=int(steps) + 1,
+        steps_mean=steps,
+        smem_bytes=_smem_bytes(config),
+        num_warps=config.warps,
+        num_stages=3,  # two 16-byte loads of words in flight per lane
+        split_k=slices,
+        launches=1,
+        reduce_bytes=partials,
+        regs_per_thread=56,
+    )
+
+
+def layout(A: CSR, config: Config):
+    """The sliced ELL copy this config streams (built once per weight and memoised)."""
+    _, R, P = _team(config.nt)
+    return sliced_ell(A, R, config.ks, P)
+
+
+def release_unused(A: CSR, configs) -> None:
+    """Each (rows per warp, slice) keeps its own copy of the weight: drop those no chosen config reads."""
+    keep = set()
+    for c in configs:
+        if isinstance(c, Config):
+            _, R, P = _team(c.nt)
+            keep.add(memo_key(R, c.ks, P))
+    drop_sliced_ell(A, keep)
+
+
+_kernels: dict[tuple, object] = {}
+
+
+def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
+    key = (config, dtype, device.index)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        inst = cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
+            "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks})
+        kernel = _kernels[key] = cuda.load(inst, device)
+    return kernel
+
+
+def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None,
+           residual=None, scale: float = 1.0) -> torch.Tensor:
+    """out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual; strides of x, out, residual free."""
+    M, K = A.shape
+    N = x.shape[0]
+    if M == 0 or N == 0:
+        return out
+    if A.values.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
+    if x.dtype != A.values.dtype:
+        raise TypeError(f"x must be {A.values.dtype} like the weight, got {x.dtype}")
+    ell = layout(A, config)
+    _, R, _ = _team(config.nt)
+    grid = (math.ceil(ell.groups / config.warps), ell.slices, math.ceil(N / config.nt))
+    if ell.slices > 1:
+        ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, grid[0] * grid[2])
+    else:
+        ws = counters = or_null(None)
+    kernel = _kernel(config, A.values.dtype, x.device)
+    kernel(grid, (32 * config.warps, 1, 1), ell.words, ell.offsets, ell.rows, x, out, or_null(bias),
+           or_null(residual), ws, counters, M, N, K, ell.groups, ell.slices, np.int64(x.stride(0)), np.int64(x.stride(1)),
+           *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config))
+    return out
+

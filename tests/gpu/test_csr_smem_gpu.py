@@ -1,0 +1,186 @@
+"""The CSR decode family on CUDA cores (x in shared memory) on the GPU: every config, odd
+shapes, empty rows, a full row, every epilogue, strided operands, split K, CUDA graphs and
+spartune.linear, against the float64 reference; every output element written."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import spartune as st
+from spartune.kernels import spmm_csr_smem as K
+from spartune.tune.device import device_name
+from spartune.tune.problem import Problem
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+TOL = 1e-2
+ACTS = {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+        "silu": F.silu}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_cache(private_cache):
+    K._kernels.clear()
+    yield
+    K._kernels.clear()
+
+
+def random_csr(M, Kd, density, dtype, seed, empty_rows=(), full_rows=()):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(M, Kd, generator=g) * (torch.rand(M, Kd, generator=g) < density)
+    for r in empty_rows:
+        w[r] = 0
+    for r in full_rows:
+        w[r] = torch.randn(Kd, generator=g)
+    w = w.to(dtype).cuda()
+    return w, st.CSR.from_dense(w)
+
+
+def reference(x, w, bias=None, activation=None, residual=None, scale=1.0):
+    y = scale * (x.double() @ w.double().T)
+    if bias is not None:
+        y = y + bias.double()
+    y = ACTS[activation](y)
+    if residual is not None:
+        y = y + residual.double()
+    return y
+
+
+def rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def configs(A, n):
+    prob = Problem("linear", "csr", *A.shape, n, str(A.dtype).split(".")[-1], A.stats(), device=device_name())
+    found = K.space(prob)
+    assert found, prob
+    return found
+
+
+def run(A, x, config, out=None, **epi):
+    if out is None:
+        out = torch.full((x.shape[0], A.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
+    K.launch(A, x, out, config, **epi)
+    return out
+
+
+def check(A, w, x, cfg, **epi):
+    out = run(A, x, cfg, **epi)
+    assert not out.isnan().any(), cfg
+    assert rel(out, reference(x, w, **epi)) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 16, 32])
+def test_every_config(dtype, N):
+    w, A = random_csr(300, 3000, 0.1, dtype, N)
+    x = torch.randn(N, 3000, device="cuda", dtype=dtype)
+    for cfg in configs(A, N):
+        check(A, w, x, cfg)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M, Kd", [(1, 5), (17, 33), (100, 300), (1000, 777), (4096, 4096)])
+@pytest.mark.parametrize("N", [1, 7, 33, 77])
+def test_odd_shapes(dtype, M, Kd, N):
+    w, A = random_csr(M, Kd, 0.2, dtype, M + Kd + N)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    found = configs(A, N)
+    for cfg in {found[0], found[-1]}:
+        check(A, w, x, cfg)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_rows_a_full_row_and_an_empty_matrix(dtype):
+    w, A = random_csr(200, 1500, 0.05, dtype, 3, empty_rows=range(0, 200, 7), full_rows=(5, 150))
+    x = torch.randn(9, 1500, device="cuda", dtype=dtype)
+    bias = torch.randn(200, device="cuda", dtype=dtype)
+    for cfg in configs(A, 9):
+        check(A, w, x, cfg, bias=bias)  # empty rows get act(bias)
+    w0, A0 = random_csr(64, 256, 0.0, dtype, 4)
+    check(A0, w0, x[:, :256], configs(A0, 9)[0], bias=bias[:64])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("out_dtype", ["same", torch.float32])
+def test_every_epilogue(dtype, activation, out_dtype):
+    M, Kd, N = 260, 2100, 12
+    w, A = random_csr(M, Kd, 0.1, dtype, 13)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    odt = dtype if out_dtype == "same" else out_dtype
+    found = configs(A, N)
+    for cfg in (found[0], found[-1]):  # split K and one slice
+        for kw in (dict(bias=bias), dict(residual=res), dict(bias=bias, residual=res, scale=0.5), {}):
+            out = torch.full((N, M), float("nan"), device="cuda", dtype=odt)
+            run(A, x, cfg, out=out, activation=activation, **kw)
+            assert not out.isnan().any()
+            assert rel(out, reference(x, w, activation=activation, **kw)) <= TOL, (cfg, kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 7, 40])
+def test_strided_x_and_out(dtype, N):
+    M, Kd = 200, 520
+    w, A = random_csr(M, Kd, 0.15, dtype, 4)
+    found = configs(A, N)
+    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # spmm's layout: tokens contiguous
+    out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    res = torch.randn(M, N, device="cuda", dtype=dtype).T
+    for cfg in (found[0], found[-1]):
+        out_t.fill_(float("nan"))
+        run(A, x, cfg, out=out_t.T, residual=res)
+        assert not out_t.isnan().any()
+        assert rel(out_t.T, reference(x, w, residual=res)) <= TOL, cfg
+    xp = torch.randn(N, Kd + 3, device="cuda", dtype=dtype)[:, 1:Kd + 1]  # odd pitch and offset
+    wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
+    run(A, xp, found[0], out=wide[:, 2:2 + M])
+    assert rel(wide[:, 2:2 + M], reference(xp, w)) <= TOL
+    assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
+
+
+def test_inf_in_x_stays_in_its_rows():
+    """Padding reads zero rows of the staged x, never a real column: an inf in x reaches only
+    the rows that store its column."""
+    w, A = random_csr(64, 512, 0.05, torch.float16, 8)
+    x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
+    x[1, 0] = float("inf")
+    for cfg in configs(A, 3):
+        out = run(A, x, cfg)
+        hit = w[:, 0] != 0
+        assert torch.isfinite(out[:, ~hit]).all(), cfg
+        assert torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_graph_capture(dtype):
+    M, Kd, N = 1024, 4096, 16
+    w, A = random_csr(M, Kd, 0.1, dtype, 5)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    out = torch.empty(N, M, device="cuda", dtype=dtype)
+    cfg = min(configs(A, N), key=lambda c: c.ks)  # split K: partials and the arrival counters
+    run(A, x, cfg, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        K.launch(A, x, out, cfg)
+    for _ in range(3):  # replays leave the counters at zero
+        out.fill_(float("nan"))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel(out, reference(x, w)) <= TOL
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 8, 32])
+def test_through_spartune_linear(dtype, N):
+    w, A = random_csr(2048, 2048, 0.1, dtype, 6)
+    x = torch.randn(N, 2048, device="cuda", dtype=dtype)
+    bias = torch.randn(2048, device="cuda", dtype=dtype)
+    for _ in range(2):  # tuned, then the cached choice
+        y = st.linear(x, A, bias, "silu")
+        assert rel(y, reference(x, w, bias, "silu")) <= TOL
