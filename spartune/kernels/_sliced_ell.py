@@ -1,7 +1,8 @@
 """The sliced, slot-major ELL copy of a CSR weight that the csr_smem family streams.
 
 Rows are taken in `A.row_order` (longest first) in groups of R (one warp's rows) and K is cut
-in slices of KS columns (one CTA's shared-memory copy of x). For each (group, slice) block,
+in slices of KS columns (one CTA's shared-memory copy of x). Blocks are stored slice by slice,
+so the consecutive groups a warp serves in one slice are one contiguous stream. For each block,
 slot j of every row of the group lies side by side, 4 slots per row at a time, so a warp reads
 its R rows' next 4 nonzeros with one coalesced 16-byte load per lane:
 
@@ -28,8 +29,8 @@ SLOTS_PER_LOAD = 4  # 32-bit words per lane and 16-byte load
 
 @dataclass(frozen=True)
 class SlicedELL:
-    words: torch.Tensor  # int32 (total,): the blocks one after another, (group, slice) order
-    offsets: torch.Tensor  # int32 (groups * slices + 1,): where each block starts, in words
+    words: torch.Tensor  # int32 (total,): the blocks one after another, (slice, group) order
+    offsets: torch.Tensor  # int32 (slices * groups + 1,): where each block starts, in words
     rows: torch.Tensor  # int32 (groups * R,): the row behind each team; -1 past the last row
     groups: int
     slices: int
@@ -78,27 +79,27 @@ def _build(A: CSR, R: int, KS: int, P: int) -> SlicedELL:
     bucket = (row * S + s) * P + res
     rank = _rank_within(bucket)
     slot_key = rank * P + (res - t % P) % P
-    # final order: block (g, s), team t, slot key; j = index within (g, s, t)
-    team = (g * S + s) * R + t
+    # final order: block (s, g), team t, slot key; j = index within (s, g, t)
+    team = (s * G + g) * R + t
     order = torch.argsort(team * (KS + P) + slot_key, stable=True)
     team_sorted = team[order]
     j = _rank_within_sorted(team_sorted)
-    per_team = torch.bincount(team, minlength=G * S * R).view(G * S, R)
+    per_team = torch.bincount(team, minlength=S * G * R).view(S * G, R)
     chunks = -(-per_team.amax(1) // U)  # 16-byte loads per lane in each block
     sizes = chunks * U * R
-    offsets = torch.zeros(G * S + 1, dtype=torch.long, device=dev)
+    offsets = torch.zeros(S * G + 1, dtype=torch.long, device=dev)
     offsets[1:] = torch.cumsum(sizes, 0)
     total = int(offsets[-1])
     if total >= 1 << 31:
         raise ValueError(f"the sliced ELL copy would hold {total} words, more than int32 offsets address")
     # every word starts as padding: value 0, a zero row of the slot's own bank position
-    block = torch.repeat_interleave(torch.arange(G * S, device=dev), sizes)
+    block = torch.repeat_interleave(torch.arange(S * G, device=dev), sizes)
     within = torch.arange(total, device=dev) - offsets[block]
     pad_t = (within % (U * R)) // U
     pad_j = (within // (U * R)) * U + within % U
     words = (KS + (pad_t % P + pad_j) % P) << 16
     # the nonzeros
-    b = (g * S + s)[order]
+    b = (s * G + g)[order]
     where = offsets[b] + (j // U) * (U * R) + t[order] * U + j % U
     bits = A.values.view(torch.int16).long() & 0xFFFF if A.values.element_size() == 2 else None
     if bits is None:
@@ -137,9 +138,9 @@ def to_dense(ell: SlicedELL, shape: tuple[int, int], k_slice: int, dtype: torch.
     R = ell.rows.numel() // ell.groups
     U = SLOTS_PER_LOAD
     sizes = (ell.offsets[1:] - ell.offsets[:-1]).long()
-    block = torch.repeat_interleave(torch.arange(ell.groups * ell.slices, device=sizes.device), sizes)
+    block = torch.repeat_interleave(torch.arange(ell.slices * ell.groups, device=sizes.device), sizes)
     within = torch.arange(ell.words.numel(), device=sizes.device) - ell.offsets[:-1].long()[block]
-    g, s = block // ell.slices, block % ell.slices
+    s, g = block // ell.groups, block % ell.groups
     t = (within % (U * R)) // U
     words = ell.words.long() & 0xFFFFFFFF
     local, bits = words >> 16, words & 0xFFFF

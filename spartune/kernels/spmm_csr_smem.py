@@ -7,7 +7,9 @@ gather it through L1, one cache line per nonzero, which bound them at ~2x the de
 copies its slice of K of x into shared memory once and each nonzero costs one 16-byte shared
 load per lane; the weight streams once from a sliced ELL copy (kernels/_sliced_ell.py) whose
 slot order avoids bank conflicts. Config: tokens per CTA (NT), K per slice (KS, split over
-CTAs, partial sums reduced in order by the last CTA of a row block) and warps per CTA.
+CTAs, partial sums reduced in order by the last CTA of a row block), warps per CTA and groups
+of rows per warp (GPW: the rows one staged slice of x serves; the copy costs as much as
+streaming the rows' nonzeros when too few rows share it).
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ DTYPES = ("float16", "bfloat16")
 TOKEN_TILES = (8, 16, 32)
 K_SLICES = (256, 512, 1024, 2048, 4096, 8192)
 WARPS = (4, 8)
+GROUPS_PER_WARP = (1, 2, 4, 8, 16)
+HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
 MAX_SLICES = 64
 # Wide N: each token tile streams the weight again, so past this many tokens only very sparse
@@ -42,7 +46,8 @@ ISSUE_PER_FMA = 2.4
 class Config:
     nt: int  # tokens per CTA: 8, 16 or 32 (more tokens: more CTAs along the grid's z)
     ks: int  # columns of K per slice (one CTA's shared-memory copy of x)
-    warps: int  # warps per CTA; each serves 32 / (nt / 8) rows
+    warps: int  # warps per CTA
+    gpw: int = 1  # groups of 32 / (nt / 8) rows each warp serves, one after another
 
 
 def _team(nt: int) -> tuple[int, int, int]:
@@ -74,10 +79,17 @@ def space(problem: Problem) -> list[Config]:
         if ks > max(K_SLICES[0], next_pow2(problem.k)) or math.ceil(problem.k / ks) > MAX_SLICES:
             continue
         for warps in WARPS:
-            cfg = Config(nt, ks, warps)
-            if _smem_bytes(cfg) <= limit:
-                out.append(cfg)
+            for gpw in GROUPS_PER_WARP:
+                cfg = Config(nt, ks, warps, gpw)
+                if _smem_bytes(cfg) <= limit and (gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS):
+                    out.append(cfg)
     return out
+
+
+def _ctas(problem: Problem, config: Config) -> int:
+    groups = math.ceil(problem.m / _team(config.nt)[1])
+    return (math.ceil(groups / (config.warps * config.gpw)) * math.ceil(problem.k / config.ks)
+            * math.ceil(problem.n / config.nt))
 
 
 def _slots_per_row(problem: Problem, config: Config) -> float:
@@ -97,15 +109,14 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     groups = math.ceil(problem.m / R)
     slices = math.ceil(problem.k / config.ks)
     tiles_n = math.ceil(problem.n / config.nt)
-    row_blocks = math.ceil(groups / config.warps)
-    programs = row_blocks * slices * tiles_n
+    programs = _ctas(problem, config)
     slots = _slots_per_row(problem, config)
     word_bytes = groups * R * slices * slots * 4
     x_bytes = problem.n * problem.k * 2
     y_bytes = problem.n * problem.m * 2
     staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
     partials = 2 * tiles_n * slices * groups * R * config.nt * 4 if slices > 1 else 0.0
-    steps = slots / SLOTS_PER_LOAD
+    steps = config.gpw * slots / SLOTS_PER_LOAD
     return KernelFeatures(
         programs=programs,
         tiles=programs,
@@ -149,7 +160,8 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     kernel = _kernels.get(key)
     if kernel is None:
         inst = cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
-            "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks})
+            "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
+            "GPW": config.gpw})
         kernel = _kernels[key] = cuda.load(inst, device)
     return kernel
 
@@ -167,7 +179,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
         raise TypeError(f"x must be {A.values.dtype} like the weight, got {x.dtype}")
     ell = layout(A, config)
     _, R, _ = _team(config.nt)
-    grid = (math.ceil(ell.groups / config.warps), ell.slices, math.ceil(N / config.nt))
+    grid = (math.ceil(ell.groups / (config.warps * config.gpw)), ell.slices, math.ceil(N / config.nt))
     if ell.slices > 1:
         ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, grid[0] * grid[2])

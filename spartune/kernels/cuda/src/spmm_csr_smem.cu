@@ -1,31 +1,34 @@
 // Unstructured (CSR) SpMM for few tokens on CUDA cores, x staged in shared memory, linear layout
 // with the fused epilogue:  out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
-// A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS groups of R rows
-// (grid x). Its slice of x is copied once into shared memory as KS rows of NT tokens (plus P zero
-// rows that padding slots read); every nonzero then costs one 16-byte shared load per lane instead
-// of a gather through L1 (benchmarks/LOG.md, "CSR decode": that gather bound the Triton kernels).
-// A warp serves R rows, NT / 8 lanes ("a team") per row, each lane 8 tokens in fp32. Its rows'
-// nonzeros come from the sliced ELL copy (kernels/_sliced_ell.py): one 16-byte streaming load per
-// lane brings the row's next 4 (column, value) words; the copy orders each row's columns so that
-// the P rows of a quarter-warp read distinct bank positions.
+// A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS x GPW groups of R
+// rows (grid x). Its slice of x is copied once into shared memory as KS rows of NT tokens (plus P
+// zero rows that padding slots read); every nonzero then costs one 16-byte shared load per lane
+// instead of a gather through L1 (benchmarks/LOG.md, "CSR decode": that gather bound the Triton
+// kernels). A warp serves GPW consecutive groups of R rows, one after another, NT / 8 lanes ("a
+// team") per row, each lane 8 tokens in fp32: the staged slice serves WARPS x GPW x R rows. The
+// rows' nonzeros come from the sliced ELL copy (kernels/_sliced_ell.py), where a warp's groups in
+// one slice are one contiguous stream: one 16-byte streaming load per lane brings the row's next
+// 4 (column, value) words, two loads stay in flight across group boundaries, and the copy orders
+// each row's columns so that the P rows of a quarter-warp read distinct bank positions.
 // With more than one slice, fp32 partials go to `ws`; the last CTA of a row block (an arrival
 // counter, left at zero again) sums them in slice order (deterministic) and applies the epilogue.
 //   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
 //   NT             tokens per CTA: 8, 16 or 32
 //   WARPS          warps per CTA
 //   KS             columns of K per slice
+//   GPW            groups of R rows per warp (at most 31)
 #include "epilogue.cuh"
 
-#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS)
-#error "spmm_csr_smem.cu needs SPARTUNE_BF16, NT, WARPS and KS"
+#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
+#error "spmm_csr_smem.cu needs SPARTUNE_BF16, NT, WARPS, KS and GPW"
 #endif
 
 constexpr int TEAM = NT / 8;     // lanes per row
 constexpr int R = 32 / TEAM;     // rows per warp
 constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: its 16-byte bank positions
 constexpr int THREADS = WARPS * 32;
-constexpr int BM = WARPS * R;    // rows per CTA
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
+static_assert(GPW >= 1 && GPW <= 31, "GPW must be in 1..31 (a lane holds each group's offset)");
 static_assert(KS % P == 0, "KS must be a multiple of P");
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
@@ -79,10 +82,34 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[8], const uint4& w, const
   fma_word(acc, w.w, xs_lane);
 }
 
-// words: the sliced ELL's words as 16-byte chunks; offsets (groups * slices + 1) in words;
+// words: the sliced ELL's words as 16-byte chunks; offsets (slices * groups + 1) in words;
 // rows (groups * R): the row of each team, -1 for none. x (N, K) at strides (sxn, sxk).
-// ws: fp32 partials (tiles, slices, groups * R, NT) when slices > 1; counters: one per
+// ws: fp32 partials (token tiles, slices, groups * R, NT) when slices > 1; counters: one per
 // (row block, token tile), zero between calls.
+struct Partials {
+  float* ws;
+  long long tile_rows, base;  // groups * R; where this token tile's slices start
+  int slice, slices;
+};
+
+// A finished group: its rows' out, or their partial sums of this slice.
+__device__ __forceinline__ void finish(const float (&acc)[8], int g, int t, int h, int n0, const int* rows,
+                                       const spartune::Epilogue& ep, const Partials& part) {
+  const int team_row = g * R + t;
+  if (part.slices == 1) {
+    const int m = rows[team_row];
+    if (m >= 0) {
+      const float bias_m = ep.bias_of(m);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, acc[i], bias_m);
+    }
+    return;
+  }
+  float4* p = reinterpret_cast<float4*>(part.ws + ((part.base + part.slice * part.tile_rows + team_row) * NT + h * 8));
+  p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
@@ -93,24 +120,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int t = lane / TEAM, h = lane % TEAM;  // row of the warp's group, which 8 tokens
-  const int g = blockIdx.x * WARPS + warp;
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
+  const int g0 = (blockIdx.x * WARPS + warp) * GPW;  // the warp's first group
+  const int gn = min(GPW, groups - g0);              // and how many (maybe none)
 
-  // the first two loads of the rows' words, in flight while x is staged
-  int chunks = 0;
-  const uint4* wp = words;
-  if (g < groups) {
-    const int b = g * slices + s;
-    const int off = offsets[b];
-    chunks = (offsets[b + 1] - off) / (4 * R);
-    wp = words + off / 4 + t;
-  }
+  // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
+  // of this warp's stream; the first two loads fly while x is staged
+  int start = 0;
+  if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
+  const int base = __shfl_sync(0xffffffffu, start, 0);
+  const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / R : 0;
+  const uint4* wp = words + base + t;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 a = chunks > 0 ? load_stream(wp) : zero;
-  uint4 b = chunks > 1 ? load_stream(wp + R) : zero;
+  uint4 a = total > 0 ? load_stream(wp) : zero;
+  uint4 b = total > 1 ? load_stream(wp + R) : zero;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
-  unsigned short* xh = reinterpret_cast<unsigned short*>(xs);
   for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
     const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
     const int kk = k0 + k;
@@ -120,46 +145,35 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
       const int n = n0 + tb * 8 + i;
       v[i] = (k < KS && kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
     }
-    uint4 packed;
-    packed.x = v[0] | (static_cast<unsigned>(v[1]) << 16);
-    packed.y = v[2] | (static_cast<unsigned>(v[3]) << 16);
-    packed.z = v[4] | (static_cast<unsigned>(v[5]) << 16);
-    packed.w = v[6] | (static_cast<unsigned>(v[7]) << 16);
-    reinterpret_cast<uint4*>(xh)[item] = packed;
+    xs[item] = make_uint4(v[0] | (static_cast<unsigned>(v[1]) << 16), v[2] | (static_cast<unsigned>(v[3]) << 16),
+                          v[4] | (static_cast<unsigned>(v[5]) << 16), v[6] | (static_cast<unsigned>(v[7]) << 16));
   }
   __syncthreads();
 
+  const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+  const long long tile_rows = static_cast<long long>(groups) * R;
+  const Partials part{ws, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const uint4* xs_lane = xs + h;
-  for (int c = 0; c < chunks; ++c) {
-    const uint4 next = c + 2 < chunks ? load_stream(wp + (c + 2) * R) : zero;
+  int gi = 0;  // the group being summed, and the chunk where it ends
+  int end = gn > 0 ? (__shfl_sync(0xffffffffu, start, 1) - base) / R : 0;
+  for (int c = 0;; ++c) {
+    while (gi < gn && end == c) {  // groups ending here (empty ones included) are finished
+      finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+      ++gi;
+      end = (__shfl_sync(0xffffffffu, start, min(gi + 1, 31)) - base) / R;
+    }
+    if (c >= total) break;
+    const uint4 next = c + 2 < total ? load_stream(wp + (c + 2) * R) : zero;
     fma_chunk(acc, a, xs_lane);
     a = b;
     b = next;
   }
+  if (slices == 1) return;
 
-  const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
-  const int team_row = g * R + t;  // position in the rows list
-  if (slices == 1) {
-    if (g < groups) {
-      const int m = rows[team_row];
-      if (m >= 0) {
-        const float bias_m = ep.bias_of(m);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, acc[i], bias_m);
-      }
-    }
-    return;
-  }
-
-  // split K: partials, then the last CTA of this row block and token tile reduces them in order
-  const long long tile_rows = static_cast<long long>(groups) * R;
-  const long long tile_base = static_cast<long long>(blockIdx.z) * slices * tile_rows;
-  if (g < groups) {
-    float4* p = reinterpret_cast<float4*>(ws + ((tile_base + s * tile_rows + team_row) * NT + h * 8));
-    p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  }
+  // split K: the last CTA of this row block and token tile sums the slices' partials in order
   __threadfence();
   __syncthreads();
   int* counter = counters + blockIdx.z * gridDim.x + blockIdx.x;
@@ -167,10 +181,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  if (g < groups) {
+  for (int i = 0; i < gn; ++i) {
+    const int team_row = (g0 + i) * R + t;
     float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int s2 = 0; s2 < slices; ++s2) {
-      const float4* p = reinterpret_cast<const float4*>(ws + ((tile_base + s2 * tile_rows + team_row) * NT + h * 8));
+      const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + s2 * tile_rows + team_row) * NT + h * 8));
       const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
       sum[0] += lo.x; sum[1] += lo.y; sum[2] += lo.z; sum[3] += lo.w;
       sum[4] += hi.x; sum[5] += hi.y; sum[6] += hi.z; sum[7] += hi.w;
@@ -179,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, sum[i], bias_m);
+      for (int j = 0; j < 8; ++j) ep.store(m, n0 + h * 8 + j, sum[j], bias_m);
     }
   }
   if (tid == 0) *counter = 0;
