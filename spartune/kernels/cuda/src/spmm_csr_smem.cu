@@ -8,7 +8,7 @@
 // team") per row, each lane 8 tokens in fp32: the staged slice serves WARPS x GPW x R rows. The
 // rows' nonzeros come from the sliced ELL copy (kernels/_sliced_ell.py), where a warp's groups in
 // one slice are one contiguous stream: one 16-byte streaming load per lane brings the row's next
-// 4 (column, value) words, two loads stay in flight across group boundaries, and the copy orders
+// 4 (column, value) words, three loads stay in flight across group boundaries, and the copy orders
 // each row's columns so that the P rows of a quarter-warp read distinct bank positions.
 // With more than one slice, fp32 partials go to `ws`; the last CTA of a row block (an arrival
 // counter, left at zero again) sums them in slice order (deterministic) and applies the epilogue.
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
   const int gn = min(GPW, groups - g0);              // and how many (maybe none)
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
-  // of this warp's stream; the first two loads fly while x is staged
+  // of this warp's stream; the first three loads fly while x is staged
   int start = 0;
   if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
@@ -134,8 +134,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
   const uint4 zero = make_uint4(0, 0, 0, 0);
   uint4 a = total > 0 ? load_stream(wp) : zero;
   uint4 b = total > 1 ? load_stream(wp + R) : zero;
+  uint4 c2 = total > 2 ? load_stream(wp + 2 * R) : zero;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
+  // (unrolled: several items' loads in flight at once)
+#pragma unroll 4
   for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
     const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
     const int kk = k0 + k;
@@ -155,21 +158,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
   const Partials part{ws, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const uint4* xs_lane = xs + h;
-  int gi = 0;  // the group being summed, and the chunk where it ends
-  int end = gn > 0 ? (__shfl_sync(0xffffffffu, start, 1) - base) / R : 0;
-  for (int c = 0;; ++c) {
-    while (gi < gn && end == c) {  // groups ending here (empty ones included) are finished
-      finish(acc, g0 + gi, t, h, n0, rows, ep, part);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-      ++gi;
-      end = (__shfl_sync(0xffffffffu, start, min(gi + 1, 31)) - base) / R;
+  int c = 0;  // chunks done; three loads stay in flight, across group boundaries
+  for (int gi = 0; gi < gn; ++gi) {
+    const int end = (__shfl_sync(0xffffffffu, start, gi + 1) - base) / R;
+    for (; c < end; ++c) {
+      const uint4 next = c + 3 < total ? load_stream(wp + (c + 3) * R) : zero;
+      fma_chunk(acc, a, xs_lane);
+      a = b;
+      b = c2;
+      c2 = next;
     }
-    if (c >= total) break;
-    const uint4 next = c + 2 < total ? load_stream(wp + (c + 2) * R) : zero;
-    fma_chunk(acc, a, xs_lane);
-    a = b;
-    b = next;
+    finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   }
   if (slices == 1) return;
 
@@ -184,11 +185,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_smem(
   for (int i = 0; i < gn; ++i) {
     const int team_row = (g0 + i) * R + t;
     float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s2 = 0; s2 < slices; ++s2) {
-      const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + s2 * tile_rows + team_row) * NT + h * 8));
-      const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
-      sum[0] += lo.x; sum[1] += lo.y; sum[2] += lo.z; sum[3] += lo.w;
-      sum[4] += hi.x; sum[5] += hi.y; sum[6] += hi.z; sum[7] += hi.w;
+    const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + team_row) * NT + h * 8));
+    const long long stride = tile_rows * NT / 4;  // one slice's partials, in float4
+    for (int s0 = 0; s0 < slices; s0 += 8) {  // eight slices' loads in flight, summed in order
+      float4 lo[8], hi[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (s0 + j < slices) {
+          lo[j] = __ldcg(p + (s0 + j) * stride);
+          hi[j] = __ldcg(p + (s0 + j) * stride + 1);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (s0 + j < slices) {
+          sum[0] += lo[j].x; sum[1] += lo[j].y; sum[2] += lo[j].z; sum[3] += lo[j].w;
+          sum[4] += hi[j].x; sum[5] += hi[j].y; sum[6] += hi[j].z; sum[7] += hi[j].w;
+        }
+      }
     }
     const int m = rows[team_row];
     if (m >= 0) {
