@@ -25,6 +25,7 @@ SHAPES = {"qkv": (4096, 4096), "llama7b-up": (11008, 4096), "llama7b-down": (409
 ap = argparse.ArgumentParser()
 ap.add_argument("--cases", default="qkv:8,qkv:16,qkv:32,llama70b-up:8,llama70b-up:32,llama7b-down:8")
 ap.add_argument("--density", type=float, default=0.1)
+ap.add_argument("--top", type=int, default=0, help="measure only the model's best TOP configs (0: all)")
 ap.add_argument("--out", default=os.environ.get("OUT", "out"))
 args = ap.parse_args()
 spec = load_or_calibrate(None)
@@ -46,7 +47,7 @@ for case in args.cases.split(","):
     rank = {c: i for i, c in enumerate(sorted(space, key=pred.get))}
     rows = []
     t0 = time.time()
-    for cfg in space:
+    for cfg in sorted(space, key=pred.get)[:args.top or None]:
         try:
             K.launch(A, x, out, cfg)
             err = ((out.float() - ref).norm() / ref.norm()).item()

@@ -40,11 +40,12 @@ class SlicedELL:
         return sum(t.numel() * t.element_size() for t in (self.words, self.offsets, self.rows))
 
 
-def sliced_ell(A: CSR, rows_per_group: int, k_slice: int, phases: int) -> SlicedELL:
+def sliced_ell(A: CSR, rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int = 1) -> SlicedELL:
     """A's sliced ELL for R = rows_per_group rows per group, slices of k_slice columns and
-    `phases` (P) bank positions, memoised on A."""
-    key = f"_sliced_ell_{rows_per_group}_{k_slice}_{phases}"
-    return memo(A, key, lambda: _build(A, rows_per_group, k_slice, phases))
+    `phases` (P) bank positions, memoised on A. With `lanes_per_row` > 1 lanes splitting each
+    row's chunks (chunk q, q + lanes, ...), a block holds a multiple of that many chunks."""
+    key = memo_key(rows_per_group, k_slice, phases, lanes_per_row)
+    return memo(A, key, lambda: _build(A, rows_per_group, k_slice, phases, lanes_per_row))
 
 
 def drop_sliced_ell(A: CSR, keep: set[str] = frozenset()) -> None:
@@ -53,11 +54,11 @@ def drop_sliced_ell(A: CSR, keep: set[str] = frozenset()) -> None:
         del A.__dict__[key]
 
 
-def memo_key(rows_per_group: int, k_slice: int, phases: int) -> str:
-    return f"_sliced_ell_{rows_per_group}_{k_slice}_{phases}"
+def memo_key(rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int = 1) -> str:
+    return f"_sliced_ell_{rows_per_group}_{k_slice}_{phases}_{lanes_per_row}"
 
 
-def _build(A: CSR, R: int, KS: int, P: int) -> SlicedELL:
+def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     M, K = A.shape
     if KS % P or KS + P > 1 << 16:
         raise ValueError(f"a slice of {KS} columns must be a multiple of {P} and below 65536 - {P}")
@@ -85,7 +86,7 @@ def _build(A: CSR, R: int, KS: int, P: int) -> SlicedELL:
     team_sorted = team[order]
     j = _rank_within_sorted(team_sorted)
     per_team = torch.bincount(team, minlength=S * G * R).view(S * G, R)
-    chunks = -(-per_team.amax(1) // U)  # 16-byte loads per lane in each block
+    chunks = -(-per_team.amax(1) // (U * Q)) * Q  # 16-byte loads per row in each block
     sizes = chunks * U * R
     offsets = torch.zeros(S * G + 1, dtype=torch.long, device=dev)
     offsets[1:] = torch.cumsum(sizes, 0)

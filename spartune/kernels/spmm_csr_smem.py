@@ -31,6 +31,7 @@ TOKEN_TILES = (8, 16, 32)
 K_SLICES = (256, 512, 1024, 2048, 4096, 8192)
 WARPS = (4, 8)
 GROUPS_PER_WARP = (1, 2, 4, 8, 16)
+LANES_PER_ROW = (1, 2, 4)
 HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
 MAX_SLICES = 64
@@ -47,13 +48,14 @@ class Config:
     nt: int  # tokens per CTA: 8, 16 or 32 (more tokens: more CTAs along the grid's z)
     ks: int  # columns of K per slice (one CTA's shared-memory copy of x)
     warps: int  # warps per CTA
-    gpw: int = 1  # groups of 32 / (nt / 8) rows each warp serves, one after another
+    gpw: int = 1  # groups of rows each warp serves, one after another
+    qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
 
 
-def _team(nt: int) -> tuple[int, int, int]:
-    """(lanes per row, rows per warp R, bank positions P) for a token tile."""
+def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
+    """(lanes per row and chunk, rows per warp R, bank positions P) for a token tile."""
     team = nt // 8
-    return team, 32 // team, 8 // team
+    return team, 32 // (team * qs), 8 // team
 
 
 def _smem_bytes(config: Config) -> int:
@@ -79,15 +81,16 @@ def space(problem: Problem) -> list[Config]:
         if ks > max(K_SLICES[0], next_pow2(problem.k)) or math.ceil(problem.k / ks) > MAX_SLICES:
             continue
         for warps in WARPS:
-            for gpw in GROUPS_PER_WARP:
-                cfg = Config(nt, ks, warps, gpw)
-                if _smem_bytes(cfg) <= limit and (gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS):
-                    out.append(cfg)
+            for qs in LANES_PER_ROW:
+                for gpw in GROUPS_PER_WARP:
+                    cfg = Config(nt, ks, warps, gpw, qs)
+                    if _smem_bytes(cfg) <= limit and (gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS):
+                        out.append(cfg)
     return out
 
 
 def _ctas(problem: Problem, config: Config) -> int:
-    groups = math.ceil(problem.m / _team(config.nt)[1])
+    groups = math.ceil(problem.m / _team(config.nt, config.qs)[1])
     return (math.ceil(groups / (config.warps * config.gpw)) * math.ceil(problem.k / config.ks)
             * math.ceil(problem.n / config.nt))
 
@@ -96,16 +99,17 @@ def _slots_per_row(problem: Problem, config: Config) -> float:
     """Expected slots of a row in one block: the longest of R rows' nonzeros in the slice,
     rounded up to whole 16-byte loads."""
     st = problem.stats
-    _, R, _ = _team(config.nt)
+    _, R, _ = _team(config.nt, config.qs)
     share = min(config.ks, problem.k) / max(problem.k, 1)
     mean = st.items_mean * share
     spread = math.sqrt(mean * (1.0 - min(st.density, 1.0)) + (mean * st.items_cv) ** 2)
     longest = mean + spread * math.sqrt(2.0 * math.log(R))
-    return math.ceil(longest / SLOTS_PER_LOAD) * SLOTS_PER_LOAD
+    step = SLOTS_PER_LOAD * config.qs
+    return math.ceil(longest / step) * step
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
-    _, R, _ = _team(config.nt)
+    _, R, _ = _team(config.nt, config.qs)
     groups = math.ceil(problem.m / R)
     slices = math.ceil(problem.k / config.ks)
     tiles_n = math.ceil(problem.n / config.nt)
@@ -116,7 +120,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     y_bytes = problem.n * problem.m * 2
     staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
     partials = 2 * tiles_n * slices * groups * R * config.nt * 4 if slices > 1 else 0.0
-    steps = config.gpw * slots / SLOTS_PER_LOAD
+    steps = config.gpw * slots / (SLOTS_PER_LOAD * config.qs)
     return KernelFeatures(
         programs=programs,
         tiles=programs,
@@ -138,8 +142,8 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
 
 def layout(A: CSR, config: Config):
     """The sliced ELL copy this config streams (built once per weight and memoised)."""
-    _, R, P = _team(config.nt)
-    return sliced_ell(A, R, config.ks, P)
+    _, R, P = _team(config.nt, config.qs)
+    return sliced_ell(A, R, config.ks, P, config.qs)
 
 
 def release_unused(A: CSR, configs) -> None:
@@ -147,8 +151,8 @@ def release_unused(A: CSR, configs) -> None:
     keep = set()
     for c in configs:
         if isinstance(c, Config):
-            _, R, P = _team(c.nt)
-            keep.add(memo_key(R, c.ks, P))
+            _, R, P = _team(c.nt, c.qs)
+            keep.add(memo_key(R, c.ks, P, c.qs))
     drop_sliced_ell(A, keep)
 
 
@@ -161,7 +165,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     if kernel is None:
         inst = cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-            "GPW": config.gpw})
+            "GPW": config.gpw, "QS": config.qs})
         kernel = _kernels[key] = cuda.load(inst, device)
     return kernel
 
@@ -178,7 +182,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     if x.dtype != A.values.dtype:
         raise TypeError(f"x must be {A.values.dtype} like the weight, got {x.dtype}")
     ell = layout(A, config)
-    _, R, _ = _team(config.nt)
+    _, R, _ = _team(config.nt, config.qs)
     grid = (math.ceil(ell.groups / (config.warps * config.gpw)), ell.slices, math.ceil(N / config.nt))
     if ell.slices > 1:
         ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)

@@ -20,15 +20,16 @@ def random_csr(M, Kd, density, dtype=torch.float16, seed=0):
                                             (300, 2500, 0.02), (50, 700, 0.0)])
 @pytest.mark.parametrize("nt", [8, 16, 32])
 @pytest.mark.parametrize("ks", [256, 1024])
-def test_layout_round_trips(dtype, M, Kd, density, nt, ks):
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_layout_round_trips(dtype, M, Kd, density, nt, ks, lanes):
     w, A = random_csr(M, Kd, density, dtype, seed=M + Kd + nt)
     team = nt // 8
-    R, P = 32 // team, 8 // team
-    ell = sliced_ell(A, R, ks, P)
+    R, P = 32 // (team * lanes), 8 // team
+    ell = sliced_ell(A, R, ks, P, lanes)
     assert ell.groups == -(-M // R) and ell.slices == -(-Kd // ks)
     assert torch.equal(to_dense(ell, (M, Kd), ks, dtype), w.double())
     sizes = ell.offsets[1:] - ell.offsets[:-1]
-    assert (sizes % (4 * R) == 0).all()  # whole 16-byte loads per lane
+    assert (sizes % (4 * R * lanes) == 0).all()  # whole 16-byte loads for each of a row's lanes
     assert sorted(ell.rows[:M].tolist()) == list(range(M)) and (ell.rows[M:] == -1).all()
     # padding points at the zero rows past the slice, in its slot's own bank position
     local = (ell.words.long() & 0xFFFFFFFF) >> 16
@@ -60,7 +61,7 @@ def test_the_layout_is_rebuilt_when_values_change():
     again = sliced_ell(A, 16, 256, 4)
     assert torch.equal(to_dense(again, (40, 300), 256, torch.float16), 2 * w.double())
     K.release_unused(A, [K.Config(16, 256, 4)])
-    assert "_sliced_ell_16_256_4" in A.__dict__
+    assert "_sliced_ell_16_256_4_1" in A.__dict__
     K.release_unused(A, [])
     assert not any(k.startswith("_sliced_ell_") for k in A.__dict__)
 

@@ -17,18 +17,26 @@
 //   WARPS          warps per CTA
 //   KS             columns of K per slice
 //   GPW            groups of R rows per warp (at most 31)
+//   QS             lanes splitting each row's chunks (1, 2, 4): R = 32 / (NT / 8 * QS) rows per
+//                  warp; a row's lanes sum their parts by shuffles when its group ends. Fewer
+//                  rows per warp: more warps on a short matrix without splitting K further.
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
 #error "spmm_csr_smem.cu needs SPARTUNE_BF16, NT, WARPS, KS and GPW"
 #endif
+#ifndef QS
+#define QS 1
+#endif
 
-constexpr int TEAM = NT / 8;     // lanes per row
-constexpr int R = 32 / TEAM;     // rows per warp
+constexpr int TEAM = NT / 8;     // lanes per row and chunk (8 tokens each)
+constexpr int R = 32 / (TEAM * QS);  // rows per warp
+constexpr int QLANES = R * TEAM;     // lanes of one K part (lane = q * QLANES + t * TEAM + h)
 constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: its 16-byte bank positions
 constexpr int THREADS = WARPS * 32;
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
 static_assert(GPW >= 1 && GPW <= 31, "GPW must be in 1..31 (a lane holds each group's offset)");
+static_assert(QS == 1 || QS == 2 || QS == 4, "QS must be 1, 2 or 4");
 static_assert(KS % P == 0, "KS must be a multiple of P");
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
@@ -121,7 +129,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int t = lane / TEAM, h = lane % TEAM;  // row of the warp's group, which 8 tokens
+  const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
+  const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which 8 tokens
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
   const int g0 = (blockIdx.x * WARPS + warp) * GPW;  // the warp's first group
   const int gn = min(GPW, groups - g0);              // and how many (maybe none)
@@ -131,12 +140,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   int start = 0;
   if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
-  const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / R : 0;
-  const uint4* wp = words + base + t;
+  const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / (R * QS) : 0;  // steps
+  const uint4* wp = words + base + q * R + t;
+  constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
   uint4 a = total > 0 ? load_stream(wp) : zero;
-  uint4 b = total > 1 ? load_stream(wp + R) : zero;
-  uint4 c2 = total > 2 ? load_stream(wp + 2 * R) : zero;
+  uint4 b = total > 1 ? load_stream(wp + STEP) : zero;
+  uint4 c2 = total > 2 ? load_stream(wp + 2 * STEP) : zero;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
   // (unrolled: two items' loads in flight at once)
@@ -160,17 +170,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   const Partials part{ws, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const uint4* xs_lane = xs + h;
-  int c = 0;  // chunks done; three loads stay in flight, across group boundaries
+  int c = 0;  // steps done; three loads stay in flight, across group boundaries
   for (int gi = 0; gi < gn; ++gi) {
-    const int end = (__shfl_sync(0xffffffffu, start, gi + 1) - base) / R;
+    const int end = (__shfl_sync(0xffffffffu, start, gi + 1) - base) / (R * QS);
     for (; c < end; ++c) {
-      const uint4 next = c + 3 < total ? load_stream(wp + (c + 3) * R) : zero;
+      const uint4 next = c + 3 < total ? load_stream(wp + (c + 3) * STEP) : zero;
       fma_chunk(acc, a, xs_lane);
       a = b;
       b = c2;
       c2 = next;
     }
-    finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // the row's K parts meet in lane q = 0
+      if (QS >= 2) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], QLANES);
+      if (QS >= 4) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2 * QLANES);
+    }
+    if (q == 0) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   }
@@ -184,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int i = 0; i < gn; ++i) {
+  for (int i = 0; i < gn && q == 0; ++i) {
     const int team_row = (g0 + i) * R + t;
     float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + team_row) * NT + h * 8));
