@@ -88,7 +88,8 @@ def test_across_the_space(dtype, N):
 @pytest.mark.parametrize("M, Kd", [(1, 5), (17, 33), (100, 300), (1000, 777), (4096, 4096)])
 @pytest.mark.parametrize("N", [1, 7, 33, 77])
 def test_odd_shapes(dtype, M, Kd, N):
-    w, A = random_csr(M, Kd, 0.2, dtype, M + Kd + N)
+    density = 0.2 if N <= K.WIDE_N else 0.05  # past WIDE_N tokens the family takes very sparse weights only
+    w, A = random_csr(M, Kd, density, dtype, M + Kd + N)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     found = configs(A, N)
     for cfg in {found[0], found[-1]}:
