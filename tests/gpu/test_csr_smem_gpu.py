@@ -91,6 +91,9 @@ def test_odd_shapes(dtype, M, Kd, N):
     density = 0.2 if N <= K.WIDE_N else 0.05  # past WIDE_N tokens the family takes very sparse weights only
     w, A = random_csr(M, Kd, density, dtype, M + Kd + N)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    if N > K.WIDE_N and A.stats().density > K.WIDE_MAX_DENSITY:  # a tiny matrix drew a denser mask
+        assert K.space(Problem("linear", "csr", M, Kd, N, str(dtype).split(".")[-1], A.stats())) == []
+        return
     found = configs(A, N)
     for cfg in {found[0], found[-1]}:
         check(A, w, x, cfg)
