@@ -42,3 +42,24 @@ def random_2to4(rows, cols, dtype=torch.float32, seed=0, least=0):
     rank = torch.rand(rows, groups, 4, generator=g).argsort(-1).argsort(-1)
     keep = rank < torch.randint(least, 3, (rows, groups, 1), generator=g)
     return (w.reshape(rows, groups, 4) * keep).reshape(rows, groups * 4)[:, :cols].to(dtype)
+
+
+def _activations():
+    import torch.nn.functional as F
+
+    return {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+            "silu": F.silu}
+
+
+ACTS = _activations()  # the fused epilogue's activations, by name
+
+
+def linear_reference(x, w, bias=None, activation=None, residual=None, scale=1.0):
+    """act(scale * x @ w^T + bias) + residual in float64: what every linear-layout kernel computes."""
+    y = scale * (x.double() @ w.double().T)
+    if bias is not None:
+        y = y + bias.double()
+    y = ACTS[activation](y)
+    if residual is not None:
+        y = y + residual.double()
+    return y

@@ -3,8 +3,8 @@ shapes, empty rows, a full row, every epilogue, strided operands, split K, CUDA 
 spartune.linear, against the float64 reference; every output element written."""
 import pytest
 import torch
-import torch.nn.functional as F
 
+import helpers
 import spartune as st
 from spartune.kernels import spmm_csr_smem as K
 from spartune.tune.device import device_name
@@ -14,8 +14,7 @@ pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float16, torch.bfloat16]
 TOL = 1e-2
-ACTS = {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
-        "silu": F.silu}
+ACTS = helpers.ACTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,18 +35,8 @@ def random_csr(M, Kd, density, dtype, seed, empty_rows=(), full_rows=()):
     return w, st.CSR.from_dense(w)
 
 
-def reference(x, w, bias=None, activation=None, residual=None, scale=1.0):
-    y = scale * (x.double() @ w.double().T)
-    if bias is not None:
-        y = y + bias.double()
-    y = ACTS[activation](y)
-    if residual is not None:
-        y = y + residual.double()
-    return y
-
-
-def rel(out, ref):
-    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+reference = helpers.linear_reference
+rel = helpers.rel_err
 
 
 def configs(A, n):

@@ -3,7 +3,6 @@ every config, odd shapes, every epilogue, strided operands, CUDA graphs and spar
 against the float64 reference."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import helpers
 import spartune as st
@@ -27,22 +26,11 @@ def random_2to4(rows, cols, dtype, seed=0):
     return helpers.random_2to4(rows, cols, dtype, seed, least=1).cuda()
 
 
-ACTS = {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
-        "silu": F.silu}
+ACTS = helpers.ACTS
 
 
-def reference(x, w, bias=None, activation=None, residual=None, scale=1.0):
-    y = scale * (x.double() @ w.double().T)
-    if bias is not None:
-        y = y + bias.double()
-    y = ACTS[activation](y)
-    if residual is not None:
-        y = y + residual.double()
-    return y
-
-
-def rel(out, ref):
-    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+reference = helpers.linear_reference
+rel = helpers.rel_err
 
 
 def problem(A, n):
