@@ -4,6 +4,7 @@
 #   bash scripts/gpu.sh                     # tests (~4 min) + the quick CSR and block benches (~3 min)
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
 #   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs (RUNS="": tests only)
+#   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
 # A device call stops at 600 s: tests (TEST_S, default 300 each, in parallel) plus the runs
 # (RUN_S, default 400 each) must fit; each run's own budget must stay below RUN_S.
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
