@@ -58,6 +58,13 @@ def _check_out_dtype(out_dtype, dtype):
         raise TypeError(f"out_dtype must be one of {list(allowed)} for a {dtype} weight, got {out_dtype}")
 
 
+def _check_epilogue_dtype(name, t, dtype):
+    """The fused epilogues read fp16, bf16 and fp32 operands (and float64 on float64 weights)."""
+    allowed = _DTYPES if dtype == torch.float64 else _DTYPES[:-1]
+    if t.dtype not in allowed:
+        raise TypeError(f"{name} must be one of {list(allowed)} for a {dtype} weight, got {t.dtype}")
+
+
 # --- public ops ---------------------------------------------------------------------------------
 def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.0, out_dtype=None):
     """act(scale * x @ A^T + bias) + residual, for x of shape (..., K): torch's F.linear layout.
@@ -71,8 +78,12 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
         _check_tensor("x", x, dtype=dtype, device=device, last=K)  # raises the precise error
     if bias is not None:
         _check_tensor("bias", bias, device=device, dim=1, last=M)
+        _check_epilogue_dtype("bias", bias, dtype)
+        if bias.stride(0) != 1:  # the epilogues read bias[m] at unit stride: a copy, the user's is kept
+            bias = bias.contiguous()
     if residual is not None:
         _check_tensor("residual", residual, device=device)
+        _check_epilogue_dtype("residual", residual, dtype)
         if residual.shape[:-1] != x.shape[:-1] or residual.shape[-1] != M:
             raise ValueError(f"residual must have shape {(*x.shape[:-1], M)}, got {tuple(residual.shape)}")
     if activation is not None:

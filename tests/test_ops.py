@@ -495,6 +495,26 @@ def test_bias_of_another_dtype_is_consistent(monkeypatch, kind):
     check_close(y, ref.linear(x, A, bias), torch.float16)
 
 
+def test_a_strided_bias_is_read_as_given_and_left_unchanged():
+    """The epilogues read bias at unit stride: a strided view is copied, the user's left as is."""
+    A = make_format("csr", torch.float32)
+    x = torch.randn(3, K, generator=_gen(50))
+    wide = torch.randn(M, 2, generator=_gen(51))
+    bias = wide[:, 1]  # stride 2
+    before = wide.clone()
+    check_close(st.linear(x, A, bias), ref.linear(x, A, bias), torch.float32)
+    assert torch.equal(wide, before)
+
+
+def test_a_float64_bias_or_residual_on_a_16_bit_weight_is_refused():
+    A = make_format("csr", torch.float16)
+    x = torch.randn(3, K, generator=_gen(52)).half()
+    with pytest.raises(TypeError, match="bias"):
+        st.linear(x, A, torch.randn(M, dtype=torch.float64))
+    with pytest.raises(TypeError, match="residual"):
+        st.linear(x, A, residual=torch.randn(3, M, dtype=torch.float64))
+
+
 # --- a tuning-DB hit rebuilds the stored config -------------------------------------------------
 @pytest.mark.parametrize("kind", ["csr", "block"])
 def test_a_db_hit_rebuilds_the_stored_config_without_ranking_the_space(monkeypatch, tmp_path, kind):

@@ -5,7 +5,6 @@ import triton
 import triton.language as tl
 
 
-
 def next_pow2(n) -> int:
     """The smallest power of two >= n (1 for n <= 1): tile sizes from problem sizes."""
     return triton.next_power_of_2(max(1, int(n)))
@@ -18,14 +17,28 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def scratch(cache: dict, device: torch.device, dtype: torch.dtype, numel: int, minimum: int = 0) -> torch.Tensor:
-    """A buffer per (device, dtype) kept in `cache`, grown on demand; whoever uses it rewrites
-    what it reads, so nothing is cleared. Make the first call before a CUDA-graph capture (a
-    capture must not allocate), and do not share one between launches on two streams."""
-    buf = cache.get((device, dtype))
+RETIRED: list = []  # buffers outgrown by a larger call: CUDA graphs captured earlier still use them
+
+
+def grown(cache: dict, key, numel: int, make) -> torch.Tensor:
+    """cache[key], replaced by make(numel) when smaller than numel. The buffer it replaces is
+    kept alive (RETIRED), never handed back to the allocator: a graph captured before still
+    reads and writes it on every replay. Growth at least doubles, so few are ever retired."""
+    buf = cache.get(key)
     if buf is None or buf.numel() < numel:
-        buf = cache[(device, dtype)] = torch.empty(max(numel, minimum), dtype=dtype, device=device)
+        if buf is not None:
+            RETIRED.append(buf)
+            numel = max(numel, 2 * buf.numel())
+        buf = cache[key] = make(numel)
     return buf
+
+
+def scratch(cache: dict, device: torch.device, dtype: torch.dtype, numel: int, minimum: int = 0) -> torch.Tensor:
+    """A buffer per (device, dtype) kept in `cache`, grown on demand (`grown`); whoever uses it
+    rewrites what it reads, so nothing is cleared. Make the first call before a CUDA-graph
+    capture (a capture must not allocate), and do not share one between launches on two streams."""
+    return grown(cache, (device, dtype), numel,
+                 lambda n: torch.empty(max(n, minimum), dtype=dtype, device=device))
 
 
 @triton.jit
@@ -65,7 +78,5 @@ def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
     tile counts the others in, then sets its counter back to zero, so one allocation serves every
     later call, CUDA-graph replays included (make the first call before capturing). Split-K
     launches on two streams at once must not share a device."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < count:
-        buf = _COUNTERS[device] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-    return buf
+    return grown(_COUNTERS, device, count,
+                 lambda n: torch.zeros(max(n, 1024), dtype=torch.int32, device=device))

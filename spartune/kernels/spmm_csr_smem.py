@@ -22,7 +22,7 @@ import torch
 from . import cuda
 from ._sliced_ell import SLOTS_PER_LOAD, drop_sliced_ell, memo_key, sliced_ell
 from ._common import arrival_counters, next_pow2
-from .cuda.epilogue import epilogue_args, or_null
+from .cuda.epilogue import DTYPE_CODES, epilogue_args, or_null
 from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
 
@@ -37,6 +37,8 @@ LANES_PER_ROW = (1, 2)
 HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
 MAX_SLICES = 64
+MAX_PARTIALS_BYTES = 256 << 20  # split-K's fp32 partials (4 x tokens x slices x rows): past this, no split
+MAX_TOKEN_TILES = 65535  # the grid's z
 # Wide N: each token tile streams the weight again, so past this many tokens only very sparse
 # weights (Sputnik's regime) are worth trying
 WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
@@ -86,9 +88,18 @@ def space(problem: Problem) -> list[Config]:
             for qs in LANES_PER_ROW:
                 for gpw in GROUPS_PER_WARP:
                     cfg = Config(nt, ks, warps, gpw, qs)
-                    if _smem_bytes(cfg) <= limit and (gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS):
+                    if _smem_bytes(cfg) <= limit and (gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
+                            and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
                         out.append(cfg)
-    return out
+    return out if math.ceil(problem.n / nt) <= MAX_TOKEN_TILES else []
+
+
+def _partials_bytes(problem: Problem, config: Config) -> int:
+    slices = math.ceil(problem.k / config.ks)
+    if slices == 1:
+        return 0
+    rows = math.ceil(problem.m / _team(config.nt, config.qs)[1]) * _team(config.nt, config.qs)[1]
+    return 4 * math.ceil(problem.n / config.nt) * config.nt * slices * rows
 
 
 def _ctas(problem: Problem, config: Config) -> int:
@@ -121,7 +132,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     x_bytes = problem.n * problem.k * 2
     y_bytes = problem.n * problem.m * 2
     staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
-    partials = 2 * tiles_n * slices * groups * R * config.nt * 4 if slices > 1 else 0.0
+    partials = 2 * _partials_bytes(problem, config)
     steps = config.gpw * slots / (SLOTS_PER_LOAD * config.qs)
     return KernelFeatures(
         programs=programs,
@@ -134,7 +145,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         steps_mean=steps,
         smem_bytes=_smem_bytes(config),
         num_warps=config.warps,
-        num_stages=3,  # two 16-byte loads of words in flight per lane
+        num_stages=4,  # three 16-byte loads of words in flight per lane
         split_k=slices,
         launches=1,
         reduce_bytes=partials,
@@ -172,6 +183,27 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     return kernel
 
 
+def _check(A: CSR, x, out, bias, residual) -> None:
+    """What the kernel trusts, checked before anything is built or launched (the ops check the
+    same for users; this guards direct calls)."""
+    M, K = A.shape
+    if A.values.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
+    if x.dtype != A.values.dtype:
+        raise TypeError(f"x must be {A.values.dtype} like the weight, got {x.dtype}")
+    if x.dim() != 2 or x.shape[1] != K or out.shape != (x.shape[0], M):
+        raise ValueError(f"x must be (N, {K}) and out (N, {M}), got {tuple(x.shape)} and {tuple(out.shape)}")
+    if bias is not None and (bias.shape != (M,) or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous ({M},) tensor, got shape {tuple(bias.shape)}")
+    if residual is not None and residual.shape != out.shape:
+        raise ValueError(f"residual must have shape {tuple(out.shape)}, got {tuple(residual.shape)}")
+    for name, t in (("x", x), ("out", out), ("bias", bias), ("residual", residual)):
+        if t is not None and t.device != A.values.device:
+            raise ValueError(f"{name} is on {t.device}, the weight on {A.values.device}")
+        if name != "x" and t is not None and t.dtype not in DTYPE_CODES:
+            raise TypeError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
+
+
 def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None,
            residual=None, scale: float = 1.0) -> torch.Tensor:
     """out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual; strides of x, out, residual free."""
@@ -179,10 +211,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     N = x.shape[0]
     if M == 0 or N == 0:
         return out
-    if A.values.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
-    if x.dtype != A.values.dtype:
-        raise TypeError(f"x must be {A.values.dtype} like the weight, got {x.dtype}")
+    _check(A, x, out, bias, residual)
     ell = layout(A, config)
     _, R, _ = _team(config.nt, config.qs)
     grid = (math.ceil(ell.groups / (config.warps * config.gpw)), ell.slices, math.ceil(N / config.nt))

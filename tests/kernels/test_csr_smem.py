@@ -112,3 +112,39 @@ def test_launch_refuses_mismatched_dtypes_before_any_kernel():
     _, A32 = random_csr(8, 16, 0.5, torch.float32)
     with pytest.raises(TypeError, match="fp16 / bf16"):
         K.launch(A32, x, out, K.Config(8, 256, 4))
+
+
+def test_launch_refuses_bad_shapes_and_dtypes_before_any_layout_is_built():
+    _, A = random_csr(8, 16, 0.5)
+    x = torch.randn(2, 16, dtype=torch.float16)
+    out = torch.empty(2, 8, dtype=torch.float16)
+    cfg = K.Config(8, 256, 4)
+    bad = [(dict(x=torch.randn(2, 15, dtype=torch.float16)), ValueError, "x must be"),
+           (dict(out=torch.empty(3, 8, dtype=torch.float16)), ValueError, "out"),
+           (dict(bias=torch.randn(7, dtype=torch.float16)), ValueError, "bias"),
+           (dict(bias=torch.randn(16, dtype=torch.float16)[::2]), ValueError, "contiguous"),
+           (dict(residual=torch.randn(2, 9, dtype=torch.float16)), ValueError, "residual"),
+           (dict(out=torch.empty(2, 8, dtype=torch.float64)), TypeError, "fp32")]
+    for change, err, match in bad:
+        args = dict(x=x, out=out, bias=None, residual=None) | change
+        with pytest.raises(err, match=match):
+            K.launch(A, args["x"], args["out"], cfg, bias=args["bias"], residual=args["residual"])
+    assert not any(k.startswith("_sliced_ell_") for k in A.__dict__)
+
+
+def test_space_caps_split_k_partials_and_token_tiles():
+    # 16384 columns need two slices at least, whose partials would be 1 GiB at 8192 tokens
+    assert K.space(problem(16384, 16384, 8192, density=0.02)) == []
+    wide = problem(4096, 4096, 2048, density=0.02)
+    assert K.space(wide) and all(K._partials_bytes(wide, c) <= K.MAX_PARTIALS_BYTES for c in K.space(wide))
+    assert K.space(problem(64, 256, 32 * (K.MAX_TOKEN_TILES + 1), density=0.02)) == []
+
+
+def test_outgrown_buffers_stay_alive_for_captured_graphs():
+    from spartune.kernels import _common
+
+    cache = {}
+    first = _common.grown(cache, "k", 10, lambda n: torch.zeros(n))
+    assert _common.grown(cache, "k", 8, lambda n: torch.zeros(n)) is first
+    second = _common.grown(cache, "k", 11, lambda n: torch.zeros(n))
+    assert second.numel() >= 20 and any(b is first for b in _common.RETIRED)

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ...formats import CSR
 from .._bitmap import HW_POPC, csr_bitmap, expand_chunk
-from .._common import arrival_counters, dot_precision, grouped_order
+from .._common import arrival_counters, dot_precision, grouped_order, grown
 from .._epilogue import epilogue
 
 
@@ -88,9 +88,8 @@ def _split_workspace(device: torch.device, numel: int, locks: int) -> tuple[torc
     """A zeroed fp32 workspace, one per device, and the tile counters (arrival_counters). The
     kernel leaves both at zero, so one allocation serves every later call, CUDA-graph replays
     included (make the first call before capturing)."""
-    ws = _WORKSPACES.get(device)
-    if ws is None or ws.numel() < numel:
-        ws = _WORKSPACES[device] = torch.zeros(max(numel, 1 << 16), dtype=torch.float32, device=device)
+    ws = grown(_WORKSPACES, device, numel,
+               lambda n: torch.zeros(max(n, 1 << 16), dtype=torch.float32, device=device))
     return ws, arrival_counters(device, locks)
 
 
