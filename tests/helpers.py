@@ -63,3 +63,24 @@ def linear_reference(x, w, bias=None, activation=None, residual=None, scale=1.0)
     if residual is not None:
         y = y + residual.double()
     return y
+
+
+def check_strided_operands(run, A, w, configs, N, dtype, x_view=lambda t, K: t[:, :K], tol=1e-2):
+    """A linear-layout kernel on spmm's views (x = X.T and out = Y.T, residual transposed) for
+    the first and last config, then on an x with a padded row pitch (`x_view` cuts it from a
+    wider tensor) writing a column slice of a wider out, whose other columns stay untouched.
+    `run(A, x, config, out=..., **epilogue)` launches the kernel."""
+    M, K = w.shape
+    x = torch.randn(K, N, device="cuda", dtype=dtype).T
+    out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    res = torch.randn(M, N, device="cuda", dtype=dtype).T
+    for cfg in (configs[0], configs[-1]):
+        out_t.fill_(float("nan"))
+        run(A, x, cfg, out=out_t.T, residual=res)
+        assert not out_t.isnan().any()
+        assert rel_err(out_t.T, linear_reference(x, w, residual=res)) <= tol, cfg
+    xp = x_view(torch.randn(N, K + 8, device="cuda", dtype=dtype), K)
+    wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
+    run(A, xp, configs[0], out=wide[:, 2:2 + M])
+    assert rel_err(wide[:, 2:2 + M], linear_reference(xp, w)) <= tol
+    assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()

@@ -165,21 +165,8 @@ def test_strided_x_and_out(variant, dtype, N):
     M, Kd = 200, 72
     w = random_2to4(M, Kd, dtype, 4)
     A = st.NM.from_dense(w, 2, 4)
-    configs = configs_of(A, N, variant)
-    x = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # the spmm layout: tokens contiguous (wgmma copies)
-    out_t = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-    res = torch.randn(M, N, device="cuda", dtype=dtype).T
-    for cfg in (configs[0], configs[-1]):
-        out_t.fill_(float("nan"))
-        run(A, x, cfg, out=out_t.T, residual=res)
-        assert not out_t.isnan().any()
-        assert rel(out_t.T, reference(x, w, residual=res)) <= TOL, cfg
-    # a padded row pitch (read in place) and a column slice of a wider out
-    xp = torch.randn(N, Kd + 8, device="cuda", dtype=dtype)[:, :Kd]
-    wide = torch.full((N, M + 5), float("nan"), device="cuda", dtype=dtype)
-    run(A, xp, configs[0], out=wide[:, 2:2 + M])
-    assert rel(wide[:, 2:2 + M], reference(xp, w)) <= TOL
-    assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
+    # x views: spmm's X.T (tokens contiguous; wgmma copies it), then a padded row pitch read in place
+    helpers.check_strided_operands(run, A, w, configs_of(A, N, variant), N, dtype)
 
 
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])
