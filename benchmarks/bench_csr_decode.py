@@ -123,8 +123,8 @@ def main():
     spec = load_or_calibrate(None)
     rates = {"dram_bw": spec.dram_bw, "fma": spec.fma, "device": torch.cuda.get_device_name(0)}
     print(f"{rates['device']}: DRAM {spec.dram_bw / 1e12:.2f} TB/s, fp32 FMA {spec.fma / 1e12:.1f} TFLOP/s", flush=True)
-    shapes = [s for s in SHAPES if (args.shapes or (",".join(QUICK["shapes"]) if args.quick else None)) is None
-              or s[0] in (args.shapes or ",".join(QUICK["shapes"])).split(",")]
+    names = args.shapes.split(",") if args.shapes else QUICK["shapes"] if args.quick else [s[0] for s in SHAPES]
+    shapes = [s for s in SHAPES if s[0] in names]
     densities = [float(d) for d in args.densities.split(",")] if args.densities else \
         (QUICK["densities"] if args.quick else DECODE_DENSITIES)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]

@@ -52,15 +52,20 @@ def _check_scale(scale) -> float:
     return float(scale)
 
 
+def _epilogue_dtypes(dtype) -> tuple:
+    """What outputs and epilogue operands may be: the kernels read and write no float64 unless
+    the weight is float64."""
+    return _DTYPES if dtype == torch.float64 else _DTYPES[:-1]
+
+
 def _check_out_dtype(out_dtype, dtype):
-    allowed = _DTYPES if dtype == torch.float64 else _DTYPES[:-1]  # the kernels write no float64
+    allowed = _epilogue_dtypes(dtype)
     if out_dtype is not None and out_dtype not in allowed:
         raise TypeError(f"out_dtype must be one of {list(allowed)} for a {dtype} weight, got {out_dtype}")
 
 
 def _check_epilogue_dtype(name, t, dtype):
-    """The fused epilogues read fp16, bf16 and fp32 operands (and float64 on float64 weights)."""
-    allowed = _DTYPES if dtype == torch.float64 else _DTYPES[:-1]
+    allowed = _epilogue_dtypes(dtype)
     if t.dtype not in allowed:
         raise TypeError(f"{name} must be one of {list(allowed)} for a {dtype} weight, got {t.dtype}")
 

@@ -84,3 +84,14 @@ def check_strided_operands(run, A, w, configs, N, dtype, x_view=lambda t, K: t[:
     run(A, xp, configs[0], out=wide[:, 2:2 + M])
     assert rel_err(wide[:, 2:2 + M], linear_reference(xp, w)) <= tol
     assert wide[:, :2].isnan().all() and wide[:, 2 + M:].isnan().all()
+
+
+def capture(fn):
+    """A CUDA graph of fn(), captured on a side stream after the work before it is done (call fn
+    once first: compile, pack and allocate outside the capture)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        fn()
+    return graph

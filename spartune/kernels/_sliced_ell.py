@@ -60,6 +60,8 @@ def memo_key(rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int 
 
 def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     M, K = A.shape
+    if A.values.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
     if KS % P or KS + P > 1 << 16:
         raise ValueError(f"a slice of {KS} columns must be a multiple of {P} and below 65536 - {P}")
     dev = A.values.device
@@ -102,9 +104,7 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     # the nonzeros
     b = (s * G + g)[order]
     where = offsets[b] + (j // U) * (U * R) + t[order] * U + j % U
-    bits = A.values.view(torch.int16).long() & 0xFFFF if A.values.element_size() == 2 else None
-    if bits is None:
-        raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
+    bits = A.values.view(torch.int16).long() & 0xFFFF
     words[where] = (local[order] << 16) | bits[order]
     words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     rows = torch.full((G * R,), -1, dtype=torch.int32, device=dev)

@@ -149,11 +149,7 @@ def test_cuda_graph_capture(dtype):
     out = torch.empty(N, M, device="cuda", dtype=dtype)
     cfg = min(configs(A, N), key=lambda c: (c.ks, -c.qs))  # split K: partials and the arrival counters
     run(A, x, cfg, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        K.launch(A, x, out, cfg)
+    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
     for _ in range(3):  # replays leave the counters at zero
         out.fill_(float("nan"))
         x.copy_(torch.randn_like(x))

@@ -179,11 +179,7 @@ def test_cuda_graph_capture(variant, dtype):
     out = torch.empty(N, M, device="cuda", dtype=dtype)
     cfg = configs_of(A, N, variant)[-1]
     run(A, x, cfg, out=out)  # compile and pack before capturing
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        K.launch(A, x, out, cfg)
+    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
     out.fill_(float("nan"))
     x.copy_(torch.randn_like(x))
     graph.replay()
@@ -244,11 +240,7 @@ def test_vnm_through_linear_and_graph_capture():
     out = torch.empty(16, 512, device="cuda", dtype=torch.float16)
     cfg = K.space(problem(A, 16))[0]
     run(A, x, cfg, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        K.launch(A, x, out, cfg)
+    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
     x.copy_(torch.randn_like(x))
     out.fill_(float("nan"))
     graph.replay()
