@@ -7,9 +7,11 @@ gather it through L1, one cache line per nonzero, which bound them at ~2x the de
 copies its slice of K of x into shared memory once and each nonzero costs one 16-byte shared
 load per lane; the weight streams once from a sliced ELL copy (kernels/_sliced_ell.py) whose
 slot order avoids bank conflicts. Config: tokens per CTA (NT), K per slice (KS, split over
-CTAs, partial sums reduced in order by the last CTA of a row block), warps per CTA and groups
+CTAs, partial sums reduced in order by the last CTA of a row block), warps per CTA, groups
 of rows per warp (GPW: the rows one staged slice of x serves; the copy costs as much as
-streaming the rows' nonzeros when too few rows share it).
+streaming the rows' nonzeros when too few rows share it), lanes per row (QS) and warps per
+group (KW: on a short matrix, many warps share one group's chunks with K whole in the CTA,
+their sums meeting in shared memory instead of partials through global memory).
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ TOKEN_TILES = (8, 16, 32)
 K_SLICES = (256, 512, 1024, 2048, 4096, 8192)
 WARPS = (4, 8)
 GROUPS_PER_WARP = (1, 2, 4, 8, 16)
+# warps taking turns over one group's chunks, and the CTA sizes and groups tried with them
+WARPS_PER_GROUP = (4, 8, 16, 32)
+SHARED_WARPS = (8, 16, 32)
+SHARED_GROUPS = (1, 2, 4)
 # qs = 4 never measured best and the model ranked it too high (benchmarks/LOG.md, csr_smem v4);
 # the kernel still takes it
 LANES_PER_ROW = (1, 2)
@@ -54,6 +60,7 @@ class Config:
     warps: int  # warps per CTA
     gpw: int = 1  # groups of rows each warp serves, one after another
     qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
+    kw: int = 1  # warps sharing each group's chunks (a CTA holds warps / kw rows of warps)
 
 
 def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
@@ -63,7 +70,9 @@ def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
 
 
 def _smem_bytes(config: Config) -> int:
-    return (config.ks + _team(config.nt)[2]) * config.nt * 2
+    """x's slice, and with kw > 1 each warp's 32 lanes x 8 fp32 sums."""
+    sums = config.warps * 32 * 8 * 4 if config.kw > 1 else 0
+    return (config.ks + _team(config.nt)[2]) * config.nt * 2 + sums
 
 
 def available(device) -> bool:
@@ -84,13 +93,14 @@ def space(problem: Problem) -> list[Config]:
     for ks in K_SLICES:
         if ks > max(K_SLICES[0], next_pow2(problem.k)) or math.ceil(problem.k / ks) > MAX_SLICES:
             continue
-        for warps in WARPS:
-            for qs in LANES_PER_ROW:
-                for gpw in GROUPS_PER_WARP:
-                    cfg = Config(nt, ks, warps, gpw, qs)
-                    if _smem_bytes(cfg) <= limit and (gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
-                            and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
-                        out.append(cfg)
+        candidates = [Config(nt, ks, warps, gpw, qs) for warps in WARPS for qs in LANES_PER_ROW
+                      for gpw in GROUPS_PER_WARP]
+        candidates += [Config(nt, ks, warps, gpw, 1, kw) for kw in WARPS_PER_GROUP for warps in SHARED_WARPS
+                       if warps % kw == 0 for gpw in SHARED_GROUPS]
+        for cfg in candidates:
+            if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
+                    and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
+                out.append(cfg)
     return out if math.ceil(problem.n / nt) <= MAX_TOKEN_TILES else []
 
 
@@ -104,8 +114,11 @@ def _partials_bytes(problem: Problem, config: Config) -> int:
 
 def _ctas(problem: Problem, config: Config) -> int:
     groups = math.ceil(problem.m / _team(config.nt, config.qs)[1])
-    return (math.ceil(groups / (config.warps * config.gpw)) * math.ceil(problem.k / config.ks)
-            * math.ceil(problem.n / config.nt))
+    return _row_blocks(groups, config) * math.ceil(problem.k / config.ks) * math.ceil(problem.n / config.nt)
+
+
+def _row_blocks(groups: int, config: Config) -> int:
+    return math.ceil(groups / (config.warps // config.kw * config.gpw))
 
 
 def _slots_per_row(problem: Problem, config: Config) -> float:
@@ -133,7 +146,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     y_bytes = problem.n * problem.m * 2
     staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
     partials = 2 * _partials_bytes(problem, config)
-    steps = config.gpw * slots / (SLOTS_PER_LOAD * config.qs)
+    steps = config.gpw * slots / (SLOTS_PER_LOAD * config.qs * config.kw)
     return KernelFeatures(
         programs=programs,
         tiles=programs,
@@ -178,7 +191,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     if kernel is None:
         inst = cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-            "GPW": config.gpw, "QS": config.qs})
+            "GPW": config.gpw, "QS": config.qs, "KW": config.kw})
         kernel = _kernels[key] = cuda.load(inst, device)
     return kernel
 
@@ -204,6 +217,13 @@ def _check(A: CSR, x, out, bias, residual) -> None:
             raise TypeError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
 
 
+def _pairs_of_x(x: torch.Tensor) -> bool:
+    """Whether the kernel may stage x by 4-byte column pairs and `stmatrix` (Hopper; rows of x
+    contiguous, every pair aligned)."""
+    return (x.stride(1) == 1 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+
+
 def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None,
            residual=None, scale: float = 1.0) -> torch.Tensor:
     """out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual; strides of x, out, residual free."""
@@ -214,7 +234,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     _check(A, x, out, bias, residual)
     ell = layout(A, config)
     _, R, _ = _team(config.nt, config.qs)
-    grid = (math.ceil(ell.groups / (config.warps * config.gpw)), ell.slices, math.ceil(N / config.nt))
+    grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
     if ell.slices > 1:
         ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, grid[0] * grid[2])
@@ -223,6 +243,6 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     kernel = _kernel(config, A.values.dtype, x.device)
     kernel(grid, (32 * config.warps, 1, 1), ell.words, ell.offsets, ell.rows, x, out, or_null(bias),
            or_null(residual), ws, counters, M, N, K, ell.groups, ell.slices, np.int64(x.stride(0)), np.int64(x.stride(1)),
-           *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config))
+           int(_pairs_of_x(x)), *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config))
     return out
 

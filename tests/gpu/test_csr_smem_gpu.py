@@ -63,13 +63,18 @@ def check(A, w, x, cfg, **epi):
 @pytest.mark.parametrize("N", [1, 16, 32])
 def test_across_the_space(dtype, N):
     """Every (lanes per row, groups per warp, warps) at one slice width, every slice width at
-    one lane and group: each template parameter in every value it takes."""
+    one lane and group, every (warps per group, warps, groups) with K whole and one with K split:
+    each template parameter in every value it takes."""
     w, A = random_csr(300, 3000, 0.1, dtype, N)
     x = torch.randn(N, 3000, device="cuda", dtype=dtype)
     space = configs(A, N)
-    chosen = [c for c in space if c.ks == 1024 or (c.qs == 1 and c.gpw == 1)]
+    chosen = [c for c in space if c.kw == 1 and (c.ks == 1024 or (c.qs == 1 and c.gpw == 1))]
     assert {c.qs for c in chosen} == set(K.LANES_PER_ROW) and len({c.ks for c in chosen}) >= 3
     chosen += [K.Config(c.nt, c.ks, c.warps, c.gpw, 4) for c in chosen if c.qs == 2]  # the kernel's QS = 4
+    widest = max(c.ks for c in space if c.kw > 1)  # K whole where it fits
+    shared = [c for c in space if c.kw > 1 and c.ks == widest and c.gpw <= 2]
+    assert {c.kw for c in shared} == set(K.WARPS_PER_GROUP)
+    chosen += shared + [c for c in space if c.kw == 8 and c.ks == 1024 and c.warps == 16][:2]
     for cfg in chosen:
         check(A, w, x, cfg)
 
@@ -126,6 +131,20 @@ def test_strided_x_and_out(dtype, N):
     w, A = random_csr(M, Kd, 0.15, dtype, 4)
     # x views: spmm's X.T (tokens contiguous), then an odd row pitch and offset
     helpers.check_strided_operands(run, A, w, configs(A, N), N, dtype, x_view=lambda t, k: t[:, 1:k + 1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Kd", [519, 520])
+def test_x_staged_by_column_pairs_from_a_padded_pitch(dtype, Kd):
+    """The paired staging (stmatrix) reads x's rows at their own pitch and stops at K, an odd K
+    included; past N its tokens are zeros."""
+    M, N = 150, 13
+    w, A = random_csr(M, Kd, 0.15, dtype, Kd)
+    x = torch.randn(N, Kd + 8 + Kd % 2, device="cuda", dtype=dtype)[:, 2:Kd + 2]  # an even pitch
+    assert K._pairs_of_x(x)
+    found = configs(A, N)
+    for cfg in {found[0], found[-1], *[c for c in found if c.kw == 32][:1]}:
+        check(A, w, x, cfg)
 
 
 def test_inf_in_x_stays_in_its_rows():

@@ -88,6 +88,23 @@ def test_space_token_tile(N, nt):
         assert f.split_k == -(-4096 // c.ks)
 
 
+def test_space_shares_groups_between_warps_with_room_for_their_sums():
+    """kw > 1: every kw divides its CTA's warps, shared memory holds x's slice and each warp's
+    sums, and each warp's steps shrink kw-fold while the CTA holds warps / kw rows of warps."""
+    prob = problem(4096, 4096, 8)
+    configs = K.space(prob)
+    shared = [c for c in configs if c.kw > 1]
+    assert {c.kw for c in shared} == set(K.WARPS_PER_GROUP)
+    for c in shared:
+        assert c.warps % c.kw == 0 and c.qs == 1
+        assert K._smem_bytes(c) == (c.ks + 8) * 8 * 2 + c.warps * 1024 <= K.SMEM_LIMIT
+        alone = K.Config(c.nt, c.ks, c.warps // c.kw, c.gpw, 1)
+        assert K.features(prob, c).programs == K.features(prob, alone).programs
+        assert K.features(prob, c).steps_mean == pytest.approx(K.features(prob, alone).steps_mean / c.kw)
+    # a slice of 8192 columns at 32 tokens (512 KB) does not fit, with or without sums
+    assert not [c for c in K.space(problem(256, 16384, 32)) if c.ks == 8192]
+
+
 def test_space_is_empty_where_the_family_does_not_run():
     assert K.space(problem(256, 4096, 8, dtype="float32")) == []
     assert K.space(problem(256, 4096, 2048, density=0.2)) == []  # wide N: only very sparse weights

@@ -20,6 +20,10 @@
 //   QS             lanes splitting each row's chunks (1, 2, 4): R = 32 / (NT / 8 * QS) rows per
 //                  warp; a row's lanes sum their parts by shuffles when its group ends. Fewer
 //                  rows per warp: more warps on a short matrix without splitting K further.
+//   KW             warps taking turns over the same groups' chunks (warp kw: steps kw, kw + KW,
+//                  ...): a short matrix gets many warps per row with K whole in one CTA (no
+//                  partials through global memory); the KW sums meet in shared memory in a fixed
+//                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -28,16 +32,24 @@
 #ifndef QS
 #define QS 1
 #endif
+#ifndef KW
+#define KW 1
+#endif
+#ifndef PD
+#define PD 8  // the warp's chunk PD steps ahead is prefetched into L2 (three are in registers)
+#endif
 
 constexpr int TEAM = NT / 8;     // lanes per row and chunk (8 tokens each)
 constexpr int R = 32 / (TEAM * QS);  // rows per warp
 constexpr int QLANES = R * TEAM;     // lanes of one K part (lane = q * QLANES + t * TEAM + h)
 constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: its 16-byte bank positions
 constexpr int THREADS = WARPS * 32;
+constexpr int WG = WARPS / KW;   // warp rows: sets of KW warps sharing groups
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
 static_assert(GPW >= 1 && GPW <= 31, "GPW must be in 1..31 (a lane holds each group's offset)");
 static_assert(QS == 1 || QS == 2 || QS == 4, "QS must be 1, 2 or 4");
-static_assert(KS % P == 0, "KS must be a multiple of P");
+static_assert(KS % 32 == 0, "KS must be a multiple of 32");
+static_assert(KW >= 1 && WARPS % KW == 0, "KW must divide WARPS");
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
 #if SPARTUNE_BF16
@@ -65,6 +77,8 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
       : "l"(p));
   return v;
 }
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void fma_word(float (&acc)[8], unsigned word, const uint4* xs_lane) {
   const float v = elt_to_float(word & 0xffffu);
@@ -118,22 +132,82 @@ __device__ __forceinline__ void finish(const float (&acc)[8], int g, int t, int 
   p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
 }
 
+// One element of a finished group (the KW path): out, or this slice's partial sum.
+__device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0, const int* rows,
+                                     const spartune::Epilogue& ep, const Partials& part) {
+  if (part.slices == 1) {
+    const int m = rows[team_row];
+    if (m >= 0) ep.store(m, n0 + n_local, v, ep.bias_of(m));
+    return;
+  }
+  part.ws[(part.base + part.slice * part.tile_rows + team_row) * NT + n_local] = v;
+}
+
+// x[n0 : n0 + NT, k0 : k0 + KS] into shared memory as KS rows of NT tokens (zeros past N and K)
+// where x's rows are contiguous and pairs of columns 4-byte aligned: a warp loads 8 tokens x 32
+// columns as 32-bit pairs (an 8 x 8 block per register), a batch of units in flight at once,
+// and `stmatrix.trans` writes each block's columns as 16-byte rows of 8 tokens (Hopper).
+__device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
+                                              long long sxn, int n0, int k0, int warp, int lane) {
+#if __CUDA_ARCH__ >= 900
+  constexpr int UNITS = KS / 32 * TEAM;  // (32 columns, 8 tokens) per unit
+  constexpr int PER_WARP = (UNITS + WARPS - 1) / WARPS;
+  constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
+  constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
+  const int r = lane / 4, c2 = (lane % 4) * 2;  // the pair this lane holds: token r, columns c2, c2 + 1
+  for (int u0 = warp; u0 < UNITS; u0 += WARPS * BATCH) {
+    unsigned v[BATCH][4];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int u = u0 + b * WARPS;
+      const int kb = (u / TEAM) * 32, tb = u % TEAM;
+      const int n = n0 + tb * 8 + r;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k = k0 + kb + j * 8 + c2;
+        unsigned w = 0;
+        if (u < UNITS && n < N) {
+          const unsigned short* p = x + n * sxn + k;
+          if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(p);
+          else if (k < K) w = *p;
+        }
+        v[b][j] = w;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int u = u0 + b * WARPS;
+      if (u >= UNITS) break;  // warp-uniform
+      const int kb = (u / TEAM) * 32, tb = u % TEAM;
+      // lane 8j + i names row i of block j: column kb + 8j + i of the slice
+      const uint4* row = xs + (kb + lane) * TEAM + tb;
+      const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                   :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
+    }
+  }
+#else
+  __trap();  // the host asks for it on Hopper only
+#endif
+}
+
 // at least 1024 threads per SM (<= 64 registers): the weight stream needs warps in flight
 // (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
 extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
-    long long sxn, long long sxk, int son, int som, int srn, int srm, int out_code, int bias_code,
+    long long sxn, long long sxk, int x_pairs, int son, int som, int srn, int srm, int out_code, int bias_code,
     int res_code, int act, float scale) {
-  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors
+  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors; then the KW sums (KW > 1)
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
   const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which 8 tokens
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
-  const int g0 = (blockIdx.x * WARPS + warp) * GPW;  // the warp's first group
-  const int gn = min(GPW, groups - g0);              // and how many (maybe none)
+  const int wg = warp / KW, kw = warp % KW;
+  const int g0 = (blockIdx.x * WG + wg) * GPW;  // the warp's first group
+  const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
   // of this warp's stream; the first three loads fly while x is staged
@@ -144,24 +218,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   const uint4* wp = words + base + q * R + t;
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 a = total > 0 ? load_stream(wp) : zero;
-  uint4 b = total > 1 ? load_stream(wp + STEP) : zero;
-  uint4 c2 = total > 2 ? load_stream(wp + 2 * STEP) : zero;
+  int c = kw;  // this warp's steps: kw, kw + KW, ...; three loads stay in flight, across groups
+  uint4 a = c < total ? load_stream(wp + c * STEP) : zero;
+  uint4 b = c + KW < total ? load_stream(wp + (c + KW) * STEP) : zero;
+  uint4 c2 = c + 2 * KW < total ? load_stream(wp + (c + 2 * KW) * STEP) : zero;
+#pragma unroll
+  for (int j = 3; j <= PD; ++j)
+    if (c + j * KW < total) prefetch_l2(wp + (c + j * KW) * STEP);
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
-  // (unrolled: two items' loads in flight at once)
+  // (generic strides: items unrolled two at a time)
+  if (x_pairs) {  // the host sets it on Hopper only
+    stage_x_pairs(xs, x, N, K, sxn, n0, k0, warp, lane);
+    for (int item = KS * TEAM + tid; item < (KS + P) * TEAM; item += THREADS) xs[item] = zero;
+  } else {
 #pragma unroll 2
-  for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
-    const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
-    const int kk = k0 + k;
-    unsigned short v[8];
+    for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
+      const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
+      const int kk = k0 + k;
+      unsigned short v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int n = n0 + tb * 8 + i;
-      v[i] = (k < KS && kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
+      for (int i = 0; i < 8; ++i) {
+        const int n = n0 + tb * 8 + i;
+        v[i] = (k < KS && kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
+      }
+      xs[item] = make_uint4(v[0] | (static_cast<unsigned>(v[1]) << 16), v[2] | (static_cast<unsigned>(v[3]) << 16),
+                            v[4] | (static_cast<unsigned>(v[5]) << 16), v[6] | (static_cast<unsigned>(v[7]) << 16));
     }
-    xs[item] = make_uint4(v[0] | (static_cast<unsigned>(v[1]) << 16), v[2] | (static_cast<unsigned>(v[3]) << 16),
-                          v[4] | (static_cast<unsigned>(v[5]) << 16), v[6] | (static_cast<unsigned>(v[7]) << 16));
   }
   __syncthreads();
 
@@ -170,11 +253,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   const Partials part{ws, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const uint4* xs_lane = xs + h;
-  int c = 0;  // steps done; three loads stay in flight, across group boundaries
-  for (int gi = 0; gi < gn; ++gi) {
-    const int end = (__shfl_sync(0xffffffffu, start, gi + 1) - base) / (R * QS);
-    for (; c < end; ++c) {
-      const uint4 next = c + 3 < total ? load_stream(wp + (c + 3) * STEP) : zero;
+  float* sums = reinterpret_cast<float*>(xs + (KS + P) * TEAM);  // KW > 1: [warp][i][lane]
+  // with KW > 1 every warp runs GPW rounds (the CTA meets in shared memory after each)
+  for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
+    const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
+    for (; c < end; c += KW) {
+      const uint4 next = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
+      if (c + (PD + 1) * KW < total) prefetch_l2(wp + (c + (PD + 1) * KW) * STEP);
       fma_chunk(acc, a, xs_lane);
       a = b;
       b = c2;
@@ -185,7 +270,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
       if (QS >= 2) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], QLANES);
       if (QS >= 4) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2 * QLANES);
     }
-    if (q == 0) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+    if (KW == 1) {
+      if (q == 0) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sums[(warp * 8 + i) * 32 + lane] = acc[i];
+      __syncthreads();
+      // each (warp row, lane of q = 0, token) sums its KW warps' parts in order
+      for (int o = tid; o < WG * QLANES * 8; o += THREADS) {
+        const int w0 = o / (QLANES * 8), i = o / QLANES % 8, l = o % QLANES;
+        const int g = (blockIdx.x * WG + w0) * GPW + gi;
+        if (g >= groups) continue;
+        float v = 0.f;
+#pragma unroll 8
+        for (int j = 0; j < KW; ++j) v += sums[((w0 * KW + j) * 8 + i) * 32 + l];
+        emit(v, g * R + l / TEAM, (l % TEAM) * 8 + i, n0, rows, ep, part);
+      }
+      __syncthreads();
+    }
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   }
@@ -199,7 +301,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int i = 0; i < gn && q == 0; ++i) {
+  for (int i = 0; i < gn && q == 0 && kw == 0; ++i) {
     const int team_row = (g0 + i) * R + t;
     float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + team_row) * NT + h * 8));
