@@ -35,9 +35,6 @@
 #ifndef KW
 #define KW 1
 #endif
-#ifndef ABLATE
-#define ABLATE 0  // probe only: 1 skips staging x, 2 the weight stream
-#endif
 #ifndef PD
 #define PD 8  // the warp's chunk PD steps ahead is prefetched into L2 (three are in registers)
 #endif
@@ -158,15 +155,12 @@ __device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* _
   constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
   constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
   const int r = lane / 4, c2 = (lane % 4) * 2;  // the pair this lane holds: token r, columns c2, c2 + 1
-  // every CTA reads the same x: each starts at its own unit, so they do not queue on the same
-  // L2 lines at once
-  const int rot = static_cast<int>((blockIdx.x * 97u + blockIdx.y * 31u) % UNITS);
   for (int u0 = warp; u0 < UNITS; u0 += WARPS * BATCH) {
     unsigned v[BATCH][4];
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      const int u = u0 + b * WARPS, ur = u + rot < UNITS ? u + rot : u + rot - UNITS;
-      const int kb = (ur / TEAM) * 32, tb = ur % TEAM;
+      const int u = u0 + b * WARPS;
+      const int kb = (u / TEAM) * 32, tb = u % TEAM;
       const int n = n0 + tb * 8 + r;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -184,8 +178,7 @@ __device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* _
     for (int b = 0; b < BATCH; ++b) {
       const int u = u0 + b * WARPS;
       if (u >= UNITS) break;  // warp-uniform
-      const int ur = u + rot < UNITS ? u + rot : u + rot - UNITS;
-      const int kb = (ur / TEAM) * 32, tb = ur % TEAM;
+      const int kb = (u / TEAM) * 32, tb = u % TEAM;
       // lane 8j + i names row i of block j: column kb + 8j + i of the slice
       const uint4* row = xs + (kb + lane) * TEAM + tb;
       const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
@@ -221,10 +214,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   int start = 0;
   if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
-  int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / (R * QS) : 0;  // steps
-#if ABLATE & 2  // probe only
-  total = 0;
-#endif
+  const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / (R * QS) : 0;  // steps
   const uint4* wp = words + base + q * R + t;
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -238,8 +228,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
   // (generic strides: items unrolled two at a time)
-  if (ABLATE & 1) {  // probe only
-  } else if (x_pairs) {  // the host sets it on Hopper only
+  if (x_pairs) {  // the host sets it on Hopper only
     stage_x_pairs(xs, x, N, K, sxn, n0, k0, warp, lane);
     for (int item = KS * TEAM + tid; item < (KS + P) * TEAM; item += THREADS) xs[item] = zero;
   } else {
