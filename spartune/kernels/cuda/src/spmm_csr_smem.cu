@@ -35,9 +35,6 @@
 #ifndef KW
 #define KW 1
 #endif
-#ifndef PD
-#define PD 8  // the warp's chunk PD steps ahead is prefetched into L2 (three are in registers)
-#endif
 
 constexpr int TEAM = NT / 8;     // lanes per row and chunk (8 tokens each)
 constexpr int R = 32 / (TEAM * QS);  // rows per warp
@@ -77,8 +74,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
       : "l"(p));
   return v;
 }
-
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void fma_word(float (&acc)[8], unsigned word, const uint4* xs_lane) {
   const float v = elt_to_float(word & 0xffffu);
@@ -222,9 +217,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   uint4 a = c < total ? load_stream(wp + c * STEP) : zero;
   uint4 b = c + KW < total ? load_stream(wp + (c + KW) * STEP) : zero;
   uint4 c2 = c + 2 * KW < total ? load_stream(wp + (c + 2 * KW) * STEP) : zero;
-#pragma unroll
-  for (int j = 3; j <= PD; ++j)
-    if (c + j * KW < total) prefetch_l2(wp + (c + j * KW) * STEP);
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
   // (generic strides: items unrolled two at a time)
@@ -259,7 +251,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
     for (; c < end; c += KW) {
       const uint4 next = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
-      if (c + (PD + 1) * KW < total) prefetch_l2(wp + (c + (PD + 1) * KW) * STEP);
       fma_chunk(acc, a, xs_lane);
       a = b;
       b = c2;
