@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What needs the GPU, in one device call each (a call may run 10 minutes): the GPU tests, then
 # benchmark runs, each writing its full results under $OUT.
-#   bash scripts/gpu.sh                     # tests (~4 min) + the quick CSR and block benches (~3 min)
+#   bash scripts/gpu.sh                     # the GPU tests (~6 min, eight processes)
+#   TESTS=0 bash scripts/gpu.sh             # the quick CSR and block benches (~3 min)
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
-#   RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs (RUNS="": tests only)
+#   TESTS=0 RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs
 #   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
-# A device call stops at 600 s: tests (TEST_S, default 300 each, in parallel) plus the runs
+# A device call stops at 600 s: tests (TEST_S, default 360 each, in parallel) plus the runs
 # (RUN_S, default 400 each) must fit; each run's own budget must stay below RUN_S.
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
 set -uo pipefail
@@ -18,7 +19,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 # process took over 7)
 gpu_tests() {  # $1: log name, then pytest's selection
   local log=$1; shift
-  timeout "${TEST_S:-300}" python -m pytest -q -rf -m gpu -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
+  timeout "${TEST_S:-360}" python -m pytest -q -rf -m gpu -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
 }
 if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py tests/gpu/test_cuda_layer_gpu.py tests/gpu/test_torch_integration_gpu.py & p1=$!
@@ -26,11 +27,16 @@ if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config and not benchmark_shapes" & p3=$!
   gpu_tests gpu_tests_csr3.log tests/gpu/test_csr_gpu.py -k "benchmark_shapes" & p4=$!
   gpu_tests gpu_tests_nm.log tests/gpu/test_spmm_nm_gpu.py -k "not vnm" tests/gpu/test_cusparselt_gpu.py & p5=$!
-  gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" tests/gpu/test_csr_smem_gpu.py & p6=$!
-  for p in $p1 $p2 $p3 $p4 $p5 $p6; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
+  gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" & p6=$!
+  # csr_smem compiles ~400 instances: two processes of ~5 minutes each
+  gpu_tests gpu_tests_smem1.log tests/gpu/test_csr_smem_gpu.py -k "across_the_space" & p7=$!
+  gpu_tests gpu_tests_smem2.log tests/gpu/test_csr_smem_gpu.py -k "not across_the_space" & p8=$!
+  for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
   for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
 fi
-IFS=';' read -ra runs <<< "${RUNS-bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14}"
+quick="bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14"
+[ "${TESTS:-1}" = 1 ] && quick=""  # tests and benches do not fit one call together
+IFS=';' read -ra runs <<< "${RUNS-$quick}"
 for run in "${runs[@]}"; do
   name=$(echo "$run" | awk '{print $1}' | sed 's/\.py$//')
   echo "== $run"
