@@ -38,8 +38,6 @@ GROUPS_PER_WARP = (1, 2, 4, 8, 16)
 WARPS_PER_GROUP = (4, 8, 16, 32)
 SHARED_WARPS = (8, 16, 32)
 SHARED_GROUPS = (1, 2, 4)
-# steps of each warp's weight stream held in a shared-memory ring (cp.async) with kw > 1; 0: in registers
-WEIGHT_STAGES = (0, 4, 8)
 # qs = 4 never measured best and the model ranked it too high (benchmarks/LOG.md, csr_smem v4);
 # the kernel still takes it
 LANES_PER_ROW = (1, 2)
@@ -64,7 +62,6 @@ class Config:
     gpw: int = 1  # groups of rows each warp serves, one after another
     qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
     kw: int = 1  # warps sharing each group's chunks (a CTA holds warps / kw rows of warps)
-    ws: int = 0  # steps per warp in flight through a shared-memory ring (0: three, in registers)
 
 
 def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
@@ -74,9 +71,9 @@ def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
 
 
 def _smem_bytes(config: Config) -> int:
-    """x's slice, with kw > 1 each warp's 32 lanes x 8 fp32 sums, and the weight ring."""
+    """x's slice, and with kw > 1 each warp's 32 lanes x 8 fp32 sums."""
     sums = config.warps * 32 * 8 * 4 if config.kw > 1 else 0
-    return (config.ks + _team(config.nt)[2]) * config.nt * 2 + sums + config.ws * config.warps * 32 * 16
+    return (config.ks + _team(config.nt)[2]) * config.nt * 2 + sums
 
 
 def available(device) -> bool:
@@ -99,8 +96,8 @@ def space(problem: Problem) -> list[Config]:
             continue
         candidates = [Config(nt, ks, warps, gpw, qs) for warps in WARPS for qs in LANES_PER_ROW
                       for gpw in GROUPS_PER_WARP]
-        candidates += [Config(nt, ks, warps, gpw, 1, kw, ws) for kw in WARPS_PER_GROUP for warps in SHARED_WARPS
-                       if warps % kw == 0 for gpw in SHARED_GROUPS for ws in WEIGHT_STAGES]
+        candidates += [Config(nt, ks, warps, gpw, 1, kw) for kw in WARPS_PER_GROUP for warps in SHARED_WARPS
+                       if warps % kw == 0 for gpw in SHARED_GROUPS]
         for cfg in candidates:
             if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
@@ -162,7 +159,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         steps_mean=steps,
         smem_bytes=_smem_bytes(config),
         num_warps=config.warps,
-        num_stages=config.ws + 1 if config.ws else 4,  # 16-byte loads of words in flight per lane
+        num_stages=4,  # three 16-byte loads of words in flight per lane
         split_k=slices,
         launches=1,
         reduce_bytes=partials,
@@ -195,7 +192,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     if kernel is None:
         inst = cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-            "GPW": config.gpw, "QS": config.qs, "KW": config.kw, "WS": config.ws})
+            "GPW": config.gpw, "QS": config.qs, "KW": config.kw})
         kernel = _kernels[key] = cuda.load(inst, device)
     return kernel
 

@@ -24,9 +24,6 @@
 //                  ...): a short matrix gets many warps per row with K whole in one CTA (no
 //                  partials through global memory); the KW sums meet in shared memory in a fixed
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
-//   WS             0: each lane keeps three chunks in flight in registers; else a ring of WS steps
-//                  per warp in shared memory, filled by cp.async: the weight stream is all in
-//                  flight while x is staged, holding no registers.
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -37,9 +34,6 @@
 #endif
 #ifndef KW
 #define KW 1
-#endif
-#ifndef WS
-#define WS 0
 #endif
 
 constexpr int TEAM = NT / 8;     // lanes per row and chunk (8 tokens each)
@@ -80,12 +74,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
       : "l"(p));
   return v;
 }
-
-__device__ __forceinline__ void copy_async(uint4* dst, const uint4* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 __device__ __forceinline__ void fma_word(float (&acc)[8], unsigned word, const uint4* xs_lane) {
   const float v = elt_to_float(word & 0xffffu);
@@ -206,8 +194,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
     long long sxn, long long sxk, int x_pairs, int son, int som, int srn, int srm, int out_code, int bias_code,
     int res_code, int act, float scale) {
-  // (KS + P) rows x TEAM 16-byte vectors of x; the KW sums (KW > 1); the weight ring (WS > 0)
-  extern __shared__ uint4 xs[];
+  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors; then the KW sums (KW > 1)
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
@@ -226,23 +213,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   const uint4* wp = words + base + q * R + t;
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  int c = kw;  // this warp's steps: kw, kw + KW, ...; loads stay in flight across groups
-  constexpr int RING = WARPS * 32;  // one step of every lane of the CTA
-  uint4* ring = xs + (KS + P) * TEAM + (KW > 1 ? WARPS * 64 : 0) + warp * 32 + lane;  // this lane's slot 0
-#if WS > 0
-  // one commit group per step (empty past the stream): wait_group(WS - 1) then means "the
-  // oldest step has landed"
-#pragma unroll
-  for (int j = 0; j < WS; ++j) {
-    if (c + j * KW < total) copy_async(ring + j * RING, wp + (c + j * KW) * STEP);
-    commit_copies();
-  }
-  int slot = 0;
-#else
+  int c = kw;  // this warp's steps: kw, kw + KW, ...; three loads stay in flight, across groups
   uint4 a = c < total ? load_stream(wp + c * STEP) : zero;
   uint4 b = c + KW < total ? load_stream(wp + (c + KW) * STEP) : zero;
   uint4 c2 = c + 2 * KW < total ? load_stream(wp + (c + 2 * KW) * STEP) : zero;
-#endif
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
   // (generic strides: items unrolled two at a time)
@@ -276,19 +250,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
   for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
     for (; c < end; c += KW) {
-#if WS > 0
-      asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1) : "memory");
-      fma_chunk(acc, ring[slot * RING], xs_lane);  // read before the slot is refilled below
-      if (c + WS * KW < total) copy_async(ring + slot * RING, wp + (c + WS * KW) * STEP);
-      commit_copies();
-      slot = slot + 1 == WS ? 0 : slot + 1;
-#else
       const uint4 next = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
       fma_chunk(acc, a, xs_lane);
       a = b;
       b = c2;
       c2 = next;
-#endif
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {  // the row's K parts meet in lane q = 0
