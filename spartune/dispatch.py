@@ -314,13 +314,23 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
     dtype_name = str(dtype).removeprefix("torch.")
     problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout)
     tol = reference.tolerance(dtype_name)
+    dense_err = []  # the dense library's own error on this input, measured when first needed
 
     def check(run):
         def verify():
             expect = expected()
             if expect.numel() == 0:
                 return True
-            return reference.rel_err(result(run()), expect) <= tol  # NaN (a non-finite output) fails
+            err = reference.rel_err(result(run()), expect)  # NaN (a non-finite output) fails
+            if err <= tol:
+                return True
+            # An input at the edge of its dtype (values near the subnormals, cancellation) can put
+            # PyTorch's own dense result past the tolerance: then a candidate is held to twice
+            # dense's error, not to a bar nothing clears (the tuner would fail the call).
+            if not dense_err:
+                dense = library.get("dense")
+                dense_err.append(reference.rel_err(result(dense()), expect) if dense else float("nan"))
+            return err <= 2 * dense_err[0]
         return verify
 
     def rebuild(backend: str, config: dict | None):

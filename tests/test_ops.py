@@ -114,6 +114,42 @@ def test_linear_each_format_and_backend(monkeypatch, kind, which, dtype):
     check_close(y, ref.linear(x, A), dtype)
 
 
+def _below_fp16_precision():
+    """A CSR weight and an x so small that fp16 outputs sit among the subnormals: dense (PyTorch
+    itself) misses the tolerance against the float64 reference."""
+    A = make_format("csr", torch.float16)
+    x = (torch.randn(7, K, generator=_gen(1)) * 2e-7).half()
+    dense = torch.nn.functional.linear(x, A.to_dense())
+    assert rel_err(dense, ref.linear(x, A)) > ref.tolerance("float16")  # the premise
+    return A, x
+
+
+@pytest.mark.parametrize("which", ["ours", "dense"])
+def test_an_input_below_the_dtypes_precision_is_held_to_dense_not_to_the_tolerance(monkeypatch, which):
+    """Every candidate, dense included, misses the tolerance here: the tuner holds each to twice
+    dense's own error instead of failing the call."""
+    A, x = _below_fp16_precision()
+    tuner = force(monkeypatch, backend_for("csr", which))
+    y = st.linear(x, A)
+    assert chosen_backends(tuner) == {backend_for("csr", which)}
+    assert rel_err(y, ref.linear(x, A)) <= 2 * rel_err(torch.nn.functional.linear(x, A.to_dense()), ref.linear(x, A))
+
+
+def test_a_wrong_kernel_still_fails_on_such_an_input(monkeypatch):
+    A, x = _below_fp16_precision()
+    real = spmm_csr.launch
+
+    def off_by_half(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.mul_(1.5)
+        return out
+
+    monkeypatch.setattr(spmm_csr, "launch", off_by_half)
+    tuner = force(monkeypatch, "csr")
+    st.linear(x, A)
+    assert chosen_backends(tuner) == {"dense"}
+
+
 @pytest.mark.parametrize("kind", FORMATS)
 def test_linear_with_the_default_cpu_tuner(kind):
     A = make_format(kind, torch.float16)
