@@ -5,9 +5,9 @@ in shared memory; its model-ranked best few), and what spartune.linear's tuner p
 
     python benchmarks/bench_csr_decode.py [--quick] [--dtypes float16,bfloat16] [--budget-s S] [--out DIR]
 
-Floor (DESIGN.md): the compulsory bytes (values + 16-bit columns, x, y) at the measured DRAM
-rate, or the FMA work (2 flops per nonzero and token) at the fp32 FMA rate, whichever is
-longer. Prints a table last; JSON in DIR/bench_csr_decode.json.
+Floor (DESIGN.md; spartune.bench.floors, CUDA cores): the compulsory bytes (values, columns,
+row pointers, x, y) at the measured DRAM rate, or the FMA work (2 flops per nonzero and token)
+at the fp32 FMA rate, whichever is longer. Prints a table last; JSON in DIR/bench_csr_decode.json.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import spartune as st
+from spartune.bench.floors import floor_seconds
 from spartune.bench.picks import choice_dict
 from spartune.dispatch import find_choice
 from spartune.kernels import spmm_csr, spmm_csr_smem
@@ -66,7 +67,7 @@ def best_of(family, A, x, out, prob, expect, top: int, spec) -> tuple[float | No
     return (best["s"], best["config"], rows) if best else (None, None, rows)
 
 
-def case(name, M, K, N, density, dtype, gen, rates, top, spec):
+def case(name, M, K, N, density, dtype, gen, top, spec):
     w = torch.randn(M, K, device="cuda", dtype=dtype, generator=gen)
     w = w * (torch.rand(M, K, device="cuda", generator=gen) < density)
     A = st.CSR.from_dense(w)
@@ -90,8 +91,7 @@ def case(name, M, K, N, density, dtype, gen, rates, top, spec):
     row["tuned_s"] = cold(lambda: st.linear(x, A))
     picked = choice_dict(find_choice(A, N, dt))
     row["tuned_pick"] = picked["label"] if picked else None
-    nbytes = A.values.numel() * 4 + (N * K + N * M) * 2
-    row["floor_s"] = max(nbytes / rates["dram_bw"], 2.0 * A.values.numel() * N / rates["fma"])
+    row["floor_s"] = floor_seconds(prob, spec, cuda_cores=True)
     ours = [t for t in (row["triton_s"], row["smem_s"], row["tuned_s"]) if isinstance(t, float)]
     if ours:
         row["best_s"] = min(ours)
@@ -137,7 +137,7 @@ def main():
         if time.time() - t0 > args.budget_s:
             skipped.append((name, N, d, str(dt)))
             continue
-        row = case(name, M, K, N, d, dt, gen, rates, args.top, spec)
+        row = case(name, M, K, N, d, dt, gen, args.top, spec)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}), flush=True)
         torch.cuda.empty_cache()
