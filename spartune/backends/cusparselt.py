@@ -24,6 +24,8 @@ records and skips.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from . import _common
@@ -78,6 +80,9 @@ def _check(A, x):
         raise CusparseltUnsupported(f"cuSPARSELt 2:4 runs fp16/bf16 with x of the weight's dtype, got {x.dtype}")
 
 
+_thread = threading.local()  # .called: this thread has called cuSPARSELt eagerly (it has a handle)
+
+
 def _eager(A, x, alg: int, bias):
     """`_cslt_sparse_mm` called directly (its plan set up by torch on every call): (M, N), a
     tensor of its own. x is made K-contiguous and padded to a multiple of PAD_N tokens."""
@@ -86,7 +91,9 @@ def _eager(A, x, alg: int, bias):
         xp = torch.zeros(_padded(n), x.shape[1], dtype=x.dtype, device=x.device)
         xp[:n].copy_(x)
         x = xp
-    return torch._cslt_sparse_mm(compressed(A), x.t(), bias, alg_id=alg)[:, :n]
+    y = torch._cslt_sparse_mm(compressed(A), x.t(), bias, alg_id=alg)[:, :n]
+    _thread.called = True
+    return y
 
 
 def _product(A, x, alg: int, bias):
@@ -96,6 +103,11 @@ def _product(A, x, alg: int, bias):
     outputs held)."""
     if not _common.replays_allowed():
         return _eager(A, x, alg, bias)
+    if not getattr(_thread, "called", False):
+        # torch makes a thread's cuSPARSELt handle on its first call, which a CUDA graph capture
+        # cannot record (it invalidates the capture); a thread that only ever replayed graphs
+        # (tuning runs on a worker thread) would make it inside the caller's capture
+        _eager(A, x, alg, bias)
     graphs = _common.cached(A, "cslt_graphs", dict)
     pool = graphs.setdefault((_padded(x.shape[0]), alg, bias is not None), [])
     g = next((g for g in pool if g.free()), None)

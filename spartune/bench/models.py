@@ -52,6 +52,8 @@ def fold_batch_norms(model: nn.Module) -> nn.Module:
 
 # --- a Llama decoder layer ------------------------------------------------------------------------
 
+FUSED_ATTENTION_MIN_QUERIES = 64  # fewer queries against a cache: two matmuls, not SDPA (see forward)
+
 class KVCache(nn.Module):
     """Static key and value buffers (batch, heads, max_tokens, head_dim): a decode step writes
     its positions and attends over the whole buffer under a mask, so every step has the same
@@ -118,9 +120,19 @@ class LlamaDecoderLayer(nn.Module):
             cache.k.index_copy_(2, positions, k)
             cache.v.index_copy_(2, positions, v)
             keys = torch.arange(cache.k.shape[2], device=x.device)
-            mask = torch.zeros(t, keys.numel(), dtype=q.dtype, device=x.device)
-            mask = mask.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
-            a = nn.functional.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=mask)
+            if t < FUSED_ATTENTION_MIN_QUERIES:
+                # A few queries over a long cache under a mask: SDPA's fused kernels tile 64 queries
+                # a head (32 programs for 8 queries: 52 us on the H100 at 2056 cached tokens,
+                # compiled) and its math route upcasts the cache to fp32 (~200 us); two batched
+                # matmuls in the cache's dtype spread it over the GPU, with the mask and softmax
+                # fused between them by torch.compile (19 us; benchmarks/LOG.md).
+                scores = (q * q.shape[-1] ** -0.5) @ cache.k.transpose(-1, -2)
+                scores = scores.float().masked_fill(keys[None, :] > positions[:, None], float("-inf"))
+                a = scores.softmax(-1).to(q.dtype) @ cache.v
+            else:
+                mask = torch.zeros(t, keys.numel(), dtype=q.dtype, device=x.device)
+                mask = mask.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
+                a = nn.functional.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=mask)
         x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, d))
         h = self.post_norm(x)
         return x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))

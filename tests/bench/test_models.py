@@ -68,6 +68,21 @@ def test_llama_decode_with_the_cache_matches_prefill():
     assert torch.allclose(torch.cat(steps, 1), full[:, 5:], atol=1e-12)
 
 
+def test_llama_both_cache_routes_match_prefill():
+    """Fewer than FUSED_ATTENTION_MIN_QUERIES tokens take two matmuls, more take SDPA's kernels."""
+    from spartune.bench.models import FUSED_ATTENTION_MIN_QUERIES as Q, KVCache
+
+    layer = tiny_llama()
+    x = torch.randn(1, Q + 3, 64, dtype=torch.float64)
+    with torch.no_grad():
+        full = layer(x, torch.arange(Q + 3))
+        cache = KVCache(1, 4, Q + 3, 16, dtype=torch.float64)
+        long = layer(x[:, :Q], torch.arange(Q), cache)
+        short = layer(x[:, Q:], torch.arange(Q, Q + 3), cache)
+    assert torch.allclose(long, full[:, :Q], atol=1e-12)
+    assert torch.allclose(short, full[:, Q:], atol=1e-12)
+
+
 def test_sparsify_takes_the_seven_projections():
     layer = tiny_llama()
     reports = st.sparsify(layer, "csr", 0.75)

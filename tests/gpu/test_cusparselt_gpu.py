@@ -143,3 +143,35 @@ def test_bench_baseline_is_the_backend(op):
     s = {"w": w, "A": st.NM.from_dense(w, 2, 4), "x": x, "xt": x.T.contiguous()}
     fn, as_nm = prepare("cusparselt", s, "2:4", op)
     assert rel_err(as_nm(fn()), x.double() @ w.double().T) <= TOL
+
+
+def test_captured_on_a_thread_that_only_replayed():
+    """Tuning runs on a worker thread; a thread whose calls were all graph replays must still
+    capture its first eager call (torch makes a thread's cuSPARSELt handle on its first call)."""
+    import threading
+
+    w = random_2to4(256, 512, torch.float16)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(64, 512, dtype=torch.float16, device="cuda")
+    L.cusparselt_linear(A, x, torch.empty(64, 256, dtype=torch.float16, device="cuda"))  # this thread: graphs
+    torch.cuda.synchronize()
+    found = {}
+
+    def capture():
+        try:
+            L.cusparselt_linear(A, x, torch.empty(64, 256, dtype=torch.float16, device="cuda"))  # a replay
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                found["y"] = L.cusparselt_linear(A, x, torch.empty(64, 256, dtype=torch.float16, device="cuda"))
+            x.copy_(torch.randn_like(x))
+            g.replay()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            found["error"] = e
+
+    t = threading.Thread(target=capture)
+    t.start()
+    t.join()
+    assert "error" not in found, found.get("error")
+    assert rel_err(found["y"], x.double() @ w.double().T) <= TOL
