@@ -1,0 +1,125 @@
+"""The torch.compile pass that moves an activation and a residual add into a spartune linear's
+epilogue: what it fuses, what it must leave alone (other users, broadcasting, dtype changes,
+gradients, a residual that may change in between), and that outputs equal eager's."""
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch import nn
+
+from spartune.nn import SparseLinear, fusion
+
+TOL = dict(atol=1e-5, rtol=1e-5)  # fp32
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def sparse(m, k, requires_grad=False):
+    lin = nn.Linear(k, m)
+    lin.requires_grad_(requires_grad)
+    return SparseLinear.from_linear(lin, "csr", 0.5)
+
+
+def fused_graph(fn, *args):
+    """fn compiled by a backend that runs the pass on Dynamo's graph: (output, fusions, the
+    spartune linear calls' (activation, has residual))."""
+    seen = {}
+
+    def backend(gm, inputs):
+        seen["fused"] = fusion.fuse_epilogues(gm.graph)
+        gm.recompile()
+        seen["calls"] = [(n.args[4], n.args[5] is not None) for n in gm.graph.nodes
+                         if n.target is torch.ops.spartune.linear.default]
+        return gm.forward
+
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return out, seen["fused"], seen["calls"]
+
+
+def check(fn, *args, fused, calls):
+    torch.manual_seed(1)
+    expect = fn(*args)
+    out, n, found = fused_graph(fn, *args)
+    assert (n, found) == (fused, calls)
+    torch.testing.assert_close(out, expect, **TOL)
+
+
+@pytest.mark.parametrize("act, name", [(F.gelu, "gelu"), (lambda t: F.gelu(t, approximate="tanh"), "gelu_tanh"),
+                                       (F.silu, "silu"), (F.relu, "relu"), (torch.relu, "relu"),
+                                       (nn.GELU(), "gelu"), (nn.SiLU(), "silu")])
+def test_activation_fused(act, name):
+    lin = sparse(24, 16)
+    with torch.no_grad():
+        check(lambda x: act(lin(x)), torch.randn(2, 5, 16), fused=1, calls=[(name, False)])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_residual_and_activation_fused(side):
+    up, down = sparse(48, 16), sparse(16, 48)
+
+    def ffn(h):
+        y = down(F.gelu(up(h)))
+        return h + y if side == "left" else y + h
+
+    with torch.no_grad():
+        check(ffn, torch.randn(3, 4, 16), fused=2, calls=[("gelu", False), (None, True)])
+
+
+def test_left_alone_where_not_exact():
+    lin = sparse(16, 16)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        check(lambda x: (lambda y: F.relu(y) * y)(lin(x)), x, fused=0, calls=[(None, False)])  # two users
+        check(lambda x: lin(x) + torch.ones(16), x, fused=0, calls=[(None, False)])  # broadcast
+        check(lambda x: lin(x) + x.double(), x, fused=0, calls=[(None, False)])  # the add changes dtype
+        check(lambda x: F.relu(lin(x), inplace=True), x, fused=0, calls=[(None, False)])
+
+        def mutated_between(x):
+            y = lin(x)
+            x.mul_(2)  # the residual changes after the linear: reading it there would be wrong
+            return x + y
+
+        out, n, _ = fused_graph(mutated_between, x.clone())
+        assert n == 0
+        torch.testing.assert_close(out, mutated_between(x.clone()), **TOL)
+
+
+def test_no_fusion_when_gradients_are_recorded():
+    lin = sparse(16, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+    out, n, _ = fused_graph(lambda x: x + F.gelu(lin(x)), x)
+    assert n == 0
+    out.sum().backward()
+    assert lin.weight_values.grad is not None
+
+
+def test_installed_by_torch_compile_with_inductor(monkeypatch):
+    """The default backend runs the pass (installed when the operator is traced) and keeps a
+    pass the user set before."""
+    import torch._inductor.config as inductor
+
+    seen = []
+
+    class Theirs:
+        def __call__(self, graph):
+            seen.append("theirs")
+
+        def uuid(self):
+            return "theirs"
+
+    monkeypatch.setattr(inductor, "pre_grad_custom_pass", Theirs())
+    monkeypatch.setattr(fusion, "_installed", False)
+    counted = []
+    real = fusion.fuse_epilogues
+    monkeypatch.setattr(fusion, "fuse_epilogues", lambda g: counted.append(real(g)) or counted[-1])
+    up, down = sparse(32, 16), sparse(16, 32)
+    h = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        out = torch.compile(lambda h: h + down(F.silu(up(h))))(h)
+        torch.testing.assert_close(out, h + down(F.silu(up(h))), **TOL)
+    assert counted == [2] and seen == ["theirs"]
