@@ -28,14 +28,32 @@ def quiet():
 
 
 def finish(acc, out, bias, activation, residual, scale):
-    """The epilogue as separate torch ops: libraries do not fuse it."""
+    """The epilogue as separate torch ops, as a user without spartune writes them: libraries do
+    not fuse it. In the output's dtype and in place where nothing changes dtype (a pass each, as
+    eager torch and torch.compile's unfused code run them), else in fp32."""
     if bias is None and activation is None and residual is None and scale == 1.0:
-        out.copy_(acc)
-    else:
-        wide = torch.promote_types(acc.dtype, torch.float32)  # fp32 math, float64 kept
-        out.copy_(apply_epilogue(acc.to(wide), None if bias is None else bias.to(wide), activation,
-                                 None if residual is None else residual.to(wide), scale))
-    return out
+        return out.copy_(acc)
+    if _same_dtype(out, acc, bias, residual) and out.dtype in (torch.float16, torch.bfloat16):
+        if bias is None:
+            out.copy_(acc).mul_(scale) if scale != 1.0 else out.copy_(acc)
+        elif scale == 1.0:
+            torch.add(acc, bias, out=out)
+        else:
+            torch.add(bias, acc, alpha=scale, out=out)
+        if activation is not None:
+            IN_PLACE[activation](out)
+        return out if residual is None else out.add_(residual)
+    wide = torch.promote_types(acc.dtype, torch.float32)  # fp32 math, float64 kept
+    return out.copy_(apply_epilogue(acc.to(wide), None if bias is None else bias.to(wide), activation,
+                                    None if residual is None else residual.to(wide), scale))
+
+
+def _same_dtype(out, *tensors) -> bool:
+    return all(t is None or t.dtype == out.dtype for t in tensors)
+
+
+IN_PLACE = {"relu": torch.relu_, "silu": lambda t: torch.nn.functional.silu(t, inplace=True),
+            "gelu": lambda t: torch.ops.aten.gelu_(t), "gelu_tanh": lambda t: torch.ops.aten.gelu_(t, approximate="tanh")}
 
 
 class GraphReplay:

@@ -20,11 +20,21 @@ def dense_weight(A: SparseFormat) -> torch.Tensor:
 
 def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
     """cuBLAS on the decompressed weight. Returns F.linear's own result when that is the whole
-    op (no copy into `out`); other epilogues run as separate torch ops, as a user without
-    spartune would write them."""
+    op (no copy into `out`); the bias rides in cuBLAS's epilogue, a residual without a bias as
+    the GEMM's C; other epilogues run as separate torch ops, as a user without spartune would
+    write them."""
     w = dense_weight(A)
-    if activation is None and residual is None and scale == 1.0 and out.dtype == x.dtype:
-        return F.linear(x, w, None if bias is None else bias.to(w.dtype))
+    plain = scale == 1.0 and out.dtype == x.dtype
+    b = None if bias is None else bias.to(w.dtype)
+    if plain and activation is None and residual is None:
+        return F.linear(x, w, b)
+    if plain and activation is None and b is None and x.dim() == 2 and residual.dtype == x.dtype:
+        return torch.addmm(residual, x, w.t(), out=out)
+    if plain:  # F.linear's own output, finished in place
+        y = F.linear(x, w, b)
+        if activation is not None:
+            _common.IN_PLACE[activation](y)
+        return y if residual is None else y.add_(residual)
     return _common.finish(F.linear(x, w), out, bias, activation, residual, scale)
 
 

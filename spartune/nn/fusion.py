@@ -7,10 +7,12 @@ separate pass over the layer's output, which the sparse kernel could have writte
 Inductor cannot fuse into an operator it does not see inside, so an Inductor pre-grad pass
 rewrites the traced graph before it lowers it:
   act(linear(x, ...))          -> linear(x, ..., activation=act)     (act: gelu, gelu tanh, silu, relu)
-  linear(x, ...) + r, r + ...  -> linear(x, ..., residual=r)        (the add right after the linear)
+  linear(x, ...) + r, r + ...  -> linear(x, ..., residual=r)        (no bias; the add right after)
 Only where the rewrite is exact: the linear's output has no other user, no gradient is recorded
 (the fused activation has no backward), shapes and dtypes match with no broadcasting, and the
-residual is the add directly after the linear (nothing can change r in between).
+residual is the add directly after the linear (nothing can change r in between). A residual is
+left alone after a linear with a bias: where the tuner falls back to cuBLAS, bias and residual
+together cost a pass of their own, while Inductor folds the add into the next norm for free.
 
 The pass installs itself when the first spartune operator is traced (importing Inductor's
 config costs ~1 s, not paid by eager users), after any pre-grad pass the user set. Set
@@ -31,7 +33,7 @@ _ACTIVATIONS = {torch._C._nn.gelu: "gelu", torch._C._nn.silu: "silu", torch.relu
                 torch.nn.functional.gelu: "gelu"}
 _ADDS = (operator.add, torch.add)
 # spartune::linear(x, weight, spec, bias, activation, residual, scale, out_dtype)
-_ACTIVATION_ARG, _RESIDUAL_ARG, _NUM_ARGS = 4, 5, 8
+_BIAS_ARG, _ACTIVATION_ARG, _RESIDUAL_ARG, _NUM_ARGS = 3, 4, 5, 8
 
 
 def _value(node):
@@ -90,7 +92,7 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
                 user.replace_all_uses_with(node)
                 graph.erase_node(user)
                 fused += 1
-        if args[_RESIDUAL_ARG] is None and len(node.users) == 1:
+        if args[_RESIDUAL_ARG] is None and args[_BIAS_ARG] is None and len(node.users) == 1:
             user = next(iter(node.users))
             residual = _residual_of(user, node) if user is node.next else None
             if residual is not None and _precedes(residual, node):
@@ -132,6 +134,9 @@ def _pass_type():
             theirs = self.then.uuid() if hasattr(self.then, "uuid") else None
             return (mine, theirs)
 
+    # a module-level name, so Inductor can pickle it into its cache keys
+    EpilogueFusion.__qualname__ = "EpilogueFusion"
+    globals()["EpilogueFusion"] = EpilogueFusion
     return EpilogueFusion
 
 

@@ -8,6 +8,7 @@ import torch
 
 import spartune as st
 from spartune import backends
+from spartune.backends import _common
 from spartune import reference as ref
 from spartune.backends import cusparse
 from helpers import block_weight, random_weight
@@ -74,6 +75,30 @@ def test_dense_linear_epilogue():
     y = backends.dense_linear(A, x, out, bias=bias, activation="relu", residual=res, scale=0.5)
     assert y is out
     torch.testing.assert_close(y.double(), ref.linear(x, A, bias, "relu", res, 0.5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("with_bias, with_res, scale", [(True, False, 1.0), (False, True, 1.0), (True, True, 1.0),
+                                                        (True, True, 0.5), (False, False, 2.0)])
+def test_every_epilogue_route_of_the_libraries(dtype, activation, with_bias, with_res, scale):
+    """dense_linear's routes (bias in cuBLAS, residual as the GEMM's C, in place in the output
+    dtype, fp32 otherwise) and finish's, against the float64 reference; x and the epilogue
+    tensors the caller gave are left as they were."""
+    A = PATTERNS["csr"]
+    A = A.with_values(A.values.to(dtype))
+    x, bias, res = (torch.randn(*s, generator=_gen(7)).to(dtype) for s in ((5, 24), (40,), (5, 40)))
+    kept = [t.clone() for t in (x, bias, res)]
+    bias, res = (bias if with_bias else None), (res if with_res else None)
+    expect = ref.linear(x, A, bias, activation, res, scale)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    for run in (backends.dense_linear,
+                lambda A, x, out, **epi: _common.finish(x @ backends.dense_weight(A).T, out, **epi)):
+        out = torch.full((5, 40), float("nan"), dtype=dtype)
+        y = run(A, x, out, bias=bias, activation=activation, residual=res, scale=scale)
+        torch.testing.assert_close(y.double(), expect, **tol)
+    for t, k in zip((x, bias, res), kept):
+        assert t is None or torch.equal(t, k)
 
 
 def test_library_backends_on_the_cpu():

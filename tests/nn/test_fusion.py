@@ -19,8 +19,8 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def sparse(m, k, requires_grad=False):
-    lin = nn.Linear(k, m)
+def sparse(m, k, requires_grad=False, bias=True):
+    lin = nn.Linear(k, m, bias=bias)
     lin.requires_grad_(requires_grad)
     return SparseLinear.from_linear(lin, "csr", 0.5)
 
@@ -60,7 +60,7 @@ def test_activation_fused(act, name):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_residual_and_activation_fused(side):
-    up, down = sparse(48, 16), sparse(16, 48)
+    up, down = sparse(48, 16), sparse(16, 48, bias=False)
 
     def ffn(h):
         y = down(F.gelu(up(h)))
@@ -71,13 +71,15 @@ def test_residual_and_activation_fused(side):
 
 
 def test_left_alone_where_not_exact():
-    lin = sparse(16, 16)
+    lin = sparse(16, 16, bias=False)
     x = torch.randn(4, 16)
     with torch.no_grad():
         check(lambda x: (lambda y: F.relu(y) * y)(lin(x)), x, fused=0, calls=[(None, False)])  # two users
         check(lambda x: lin(x) + torch.ones(16), x, fused=0, calls=[(None, False)])  # broadcast
         check(lambda x: lin(x) + x.double(), x, fused=0, calls=[(None, False)])  # the add changes dtype
         check(lambda x: F.relu(lin(x), inplace=True), x, fused=0, calls=[(None, False)])
+        with_bias = sparse(16, 16)
+        check(lambda x: x + with_bias(x), x, fused=0, calls=[(None, False)])  # see fusion's docstring
 
         def mutated_between(x):
             y = lin(x)
@@ -117,7 +119,7 @@ def test_installed_by_torch_compile_with_inductor(monkeypatch):
     counted = []
     real = fusion.fuse_epilogues
     monkeypatch.setattr(fusion, "fuse_epilogues", lambda g: counted.append(real(g)) or counted[-1])
-    up, down = sparse(32, 16), sparse(16, 32)
+    up, down = sparse(32, 16), sparse(16, 32, bias=False)
     h = torch.randn(2, 3, 16)
     with torch.no_grad():
         out = torch.compile(lambda h: h + down(F.silu(up(h))))(h)
