@@ -140,18 +140,13 @@ def _pass_type():
     return EpilogueFusion
 
 
-_installed = False
-
-
 def install() -> None:
-    """Add the pass to Inductor's pre-grad passes, once (the traced operators call this)."""
-    global _installed
-    if _installed or os.environ.get("SPARTUNE_FUSE_EPILOGUES", "1") == "0":
+    """Put the pass first among Inductor's pre-grad passes unless it is there (the traced
+    operators call this on every trace: a config restored or replaced since gets it again)."""
+    if os.environ.get("SPARTUNE_FUSE_EPILOGUES", "1") == "0":
         return
-    import torch._inductor.config as inductor
+    import torch._inductor.config as inductor  # imported already by torch.compile: a lookup
 
-    current = inductor.pre_grad_custom_pass
     kind = _pass_type()
-    if not isinstance(current, kind):
-        inductor.pre_grad_custom_pass = kind(current)
-    _installed = True
+    if not isinstance(inductor.pre_grad_custom_pass, kind):
+        inductor.pre_grad_custom_pass = kind(inductor.pre_grad_custom_pass)

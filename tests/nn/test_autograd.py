@@ -193,13 +193,6 @@ def test_the_pattern_stays_fixed_under_an_optimizer(pattern, sparsity):
 
 
 # --- torch.compile, training ------------------------------------------------------------------------------------
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS, ids=IDS)
 def test_compiled_training_step_matches_eager(pattern, sparsity, fresh_dynamo):
     torch.manual_seed(0)

@@ -15,11 +15,7 @@ IDS = [p for p, _ in PATTERNS]
 TOL = dict(atol=1e-5, rtol=1e-5)  # fp32
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/nn/conftest.py
 
 
 def _counter():
