@@ -99,7 +99,7 @@ def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], 
 
 @_fake(_linear)
 def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
-    from .nn import fusion
+    from . import fusion
 
     fusion.install()  # traced: torch.compile will want the epilogue fusion pass
     rows, cols = _shape(spec)

@@ -15,7 +15,7 @@ LAYERS = [
     {"kernels", "backends"},
     {"dispatch"},
     {"ops"},
-    {"library"},
+    {"library", "fusion"},
     {"nn"},
     {"bench"},
     {"cli"},

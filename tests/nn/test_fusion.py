@@ -7,7 +7,8 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
-from spartune.nn import SparseLinear, fusion
+from spartune import fusion
+from spartune.nn import SparseLinear
 
 TOL = dict(atol=1e-5, rtol=1e-5)  # fp32
 
@@ -120,3 +121,35 @@ def test_installed_by_torch_compile_with_inductor(monkeypatch):
         out = torch.compile(lambda h: h + down(F.silu(up(h))))(h)
         torch.testing.assert_close(out, h + down(F.silu(up(h))), **TOL)
     assert counted == [2] and seen == ["theirs"]
+
+
+def test_a_residual_that_needs_its_gradient_is_left_alone():
+    """r + gelu(lin(x)) with lin frozen and r requiring grad: fusing both would mark the output
+    non-differentiable (the fused activation has no backward) and drop r's gradient."""
+    lin = sparse(16, 16, bias=False)
+    x, r = torch.randn(4, 16), torch.randn(4, 16, requires_grad=True)
+    out, n, calls = fused_graph(lambda x, r: r + F.gelu(lin(x)), x, r)
+    assert (n, calls) == (1, [("gelu", False)])
+    out.sum().backward()
+    torch.testing.assert_close(r.grad, torch.ones_like(r))
+
+
+def test_chains_the_users_passes_and_keys_the_cache_by_them():
+    kind = fusion._pass_type()
+    ran = []
+
+    def plain(graph):  # no uuid: the graph must not be cached under a key blind to it
+        ran.append("plain")
+
+    class Keyed:
+        def __call__(self, graph):
+            ran.append("keyed")
+
+        def uuid(self):
+            return "keyed"
+
+    graph = torch.fx.Graph()
+    kind([Keyed(), plain])(graph)
+    assert ran == ["keyed", "plain"]
+    assert kind([Keyed(), plain]).uuid() is None
+    assert kind(Keyed()).uuid()[1:] == ("keyed",) and kind(None).uuid()

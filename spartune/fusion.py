@@ -8,15 +8,17 @@ Inductor cannot fuse into an operator it does not see inside, so an Inductor pre
 rewrites the traced graph before it lowers it:
   act(linear(x, ...))          -> linear(x, ..., activation=act)     (act: gelu, gelu tanh, silu, relu)
   linear(x, ...) + r, r + ...  -> linear(x, ..., residual=r)        (no bias; the add right after)
-Only where the rewrite is exact: the linear's output has no other user, no gradient is recorded
-(the fused activation has no backward), shapes and dtypes match with no broadcasting, and the
-residual is the add directly after the linear (nothing can change r in between). A residual is
+Only where the rewrite keeps the meaning (the fused epilogue rounds once, at the end, so it
+differs from the unfused ops by their intermediate rounding): the linear's output has no other
+user, no gradient is recorded through it or the residual (the fused activation has no
+backward), shapes, dtypes and layouts match with no broadcasting, and the residual is the add
+directly after the linear (nothing can change r in between). A residual is
 left alone after a linear with a bias: where the tuner falls back to cuBLAS, bias and residual
 together cost a pass of their own, while Inductor folds the add into the next norm for free.
 
-The pass installs itself when the first spartune operator is traced (importing Inductor's
-config costs ~1 s, not paid by eager users), after any pre-grad pass the user set. Set
-SPARTUNE_FUSE_EPILOGUES=0 to leave graphs alone.
+The pass installs itself when a spartune operator is traced (importing Inductor's config costs
+~1 s, not paid by eager users); a pre-grad pass the user set (one, or a list) runs after it.
+Set SPARTUNE_FUSE_EPILOGUES=0 to leave graphs alone.
 """
 from __future__ import annotations
 
@@ -69,12 +71,14 @@ def _residual_of(add, linear):
     if mine is None or theirs is None or total is None:
         return None
     same = theirs.shape == mine.shape == total.shape and theirs.dtype == mine.dtype == total.dtype
-    return other if same and theirs.device == mine.device else None
+    plain = theirs.layout == torch.strided and theirs.device == mine.device and not theirs.requires_grad
+    return other if same and plain else None
 
 
 def fuse_epilogues(graph: torch.fx.Graph) -> int:
     """Rewrite the graph in place; returns how many activations and residuals were fused."""
     target = torch.ops.spartune.linear.default
+    order = {node: i for i, node in enumerate(graph.nodes)}  # erasing nodes keeps the others' order
     fused = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not target or node.kwargs or len(node.args) != _NUM_ARGS:
@@ -95,7 +99,7 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
         if args[_RESIDUAL_ARG] is None and args[_BIAS_ARG] is None and len(node.users) == 1:
             user = next(iter(node.users))
             residual = _residual_of(user, node) if user is node.next else None
-            if residual is not None and _precedes(residual, node):
+            if residual is not None and order[residual] < order[node]:
                 args[_RESIDUAL_ARG] = residual
                 node.args = tuple(args)
                 user.replace_all_uses_with(node)
@@ -104,35 +108,28 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
     return fused
 
 
-def _precedes(a, b) -> bool:
-    """Whether node a comes before node b in their graph (b may then read a)."""
-    node = b.prev
-    while node.op != "root":
-        if node is a:
-            return True
-        node = node.prev
-    return False
-
-
 @functools.lru_cache(maxsize=None)
 def _pass_type():
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class EpilogueFusion(CustomGraphPass):
-        """Ours, then the pass that was set before (if any)."""
+        """Ours, then the passes that were set before (one, a list or none)."""
 
         def __init__(self, then=None):
-            self.then = then
+            self.then = list(then) if isinstance(then, (list, tuple)) else [] if then is None else [then]
 
         def __call__(self, graph: torch.fx.Graph) -> None:
             fuse_epilogues(graph)
-            if self.then is not None:
-                self.then(graph)
+            for other in self.then:
+                other(graph)
 
         def uuid(self):
-            mine = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-            theirs = self.then.uuid() if hasattr(self.then, "uuid") else None
-            return (mine, theirs)
+            """None (Inductor then does not cache the graph) when a pass of theirs has no uuid:
+            its effect could not be told apart in the cache key."""
+            theirs = [getattr(other, "uuid", lambda: None)() for other in self.then]
+            if any(u is None for u in theirs):
+                return None
+            return (hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), *theirs)
 
     # a module-level name, so Inductor can pickle it into its cache keys
     EpilogueFusion.__qualname__ = "EpilogueFusion"
