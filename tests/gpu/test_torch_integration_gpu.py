@@ -115,3 +115,31 @@ def test_decode_calls_replayed_from_graphs(pattern, sparsity):
         model.up.weight_values.mul_(-0.5)
         x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
         assert rel_err(model(x), reference(model, x)) < TOL, "after an in-place update"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+def test_epilogue_fusion_under_inductor(pattern, sparsity, dtype, act, monkeypatch):
+    """h + down(act(up(h))): the pass moves act into up's kernel and the residual into down's
+    (no bias); the compiled block matches the float64 reference of the pruned block."""
+    from spartune import fusion
+
+    torch.manual_seed(0)
+    up, down = nn.Linear(256, 704).to("cuda", dtype), nn.Linear(704, 256, bias=False).to("cuda", dtype)
+    block = nn.ModuleDict(dict(up=up, down=down)).eval()
+    st.sparsify(block, pattern, sparsity)
+    fn = getattr(F, act)
+    counted = []
+    real = fusion.fuse_epilogues
+    monkeypatch.setattr(fusion, "fuse_epilogues", lambda g: counted.append(real(g)) or counted[-1])
+    import torch._inductor.config as inductor
+
+    with torch.no_grad(), inductor.patch(force_disable_caches=True):
+        compiled = torch.compile(lambda h: h + block.down(fn(block.up(h))), fullgraph=True)
+        h = torch.randn(3, 40, 256, device="cuda", dtype=dtype)
+        y = compiled(h)
+    wu, wd = block.up.weight.to_dense().double(), block.down.weight.to_dense().double()
+    expect = h.double() + fn(h.double() @ wu.T + block.up.bias.double()) @ wd.T
+    assert counted == [2]
+    assert rel_err(y, expect) < TOL
