@@ -34,12 +34,12 @@ def finish(acc, out, bias, activation, residual, scale):
     if bias is None and activation is None and residual is None and scale == 1.0:
         return out.copy_(acc)
     if _same_dtype(out, acc, bias, residual) and out.dtype in (torch.float16, torch.bfloat16):
-        if bias is None:
-            out.copy_(acc).mul_(scale) if scale != 1.0 else out.copy_(acc)
-        elif scale == 1.0:
-            torch.add(acc, bias, out=out)
+        if bias is not None:
+            torch.add(bias, acc, alpha=scale, out=out)  # bias + scale * acc
+        elif scale != 1.0:
+            torch.mul(acc, scale, out=out)
         else:
-            torch.add(bias, acc, alpha=scale, out=out)
+            out.copy_(acc)
         if activation is not None:
             IN_PLACE[activation](out)
         return out if residual is None else out.add_(residual)
