@@ -6,6 +6,7 @@
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
 #   TESTS=0 RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs
 #   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
+#   TESTS=0 RUNS="spartune bench --suite e2e --quick --filter bert --filter decode" bash scripts/gpu.sh  # models
 # A device call stops at 600 s: tests (TEST_S, default 360 each, in parallel) plus the runs
 # (RUN_S, default 400 each) must fit; each run's own budget must stay below RUN_S.
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
@@ -40,6 +41,12 @@ IFS=';' read -ra runs <<< "${RUNS-$quick}"
 for run in "${runs[@]}"; do
   name=$(echo "$run" | awk '{print $1}' | sed 's/\.py$//')
   echo "== $run"
-  # shellcheck disable=SC2086
-  timeout "${RUN_S:-400}" python benchmarks/$run > "$OUT/$name.log" 2>&1; tail -14 "$OUT/$name.log"
+  if [[ $run == spartune* ]]; then  # the command line itself (e2e), its results in $OUT/spartune-bench
+    # shellcheck disable=SC2086
+    timeout "${RUN_S:-400}" python -m spartune.cli ${run#spartune } --out "$OUT/spartune-bench" > "$OUT/$name.log" 2>&1
+  else
+    # shellcheck disable=SC2086
+    timeout "${RUN_S:-400}" python benchmarks/$run > "$OUT/$name.log" 2>&1
+  fi
+  tail -14 "$OUT/$name.log"
 done
