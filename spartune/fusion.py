@@ -30,9 +30,8 @@ from pathlib import Path
 
 import torch
 
-_ACTIVATIONS = {torch._C._nn.gelu: "gelu", torch._C._nn.silu: "silu", torch.relu: "relu",
-                torch.nn.functional.relu: "relu", torch.nn.functional.silu: "silu",
-                torch.nn.functional.gelu: "gelu"}
+_ACTIVATIONS = {torch._C._nn.gelu: "gelu", torch._C._nn.silu: "silu", torch.relu: "relu",  # F.gelu is _nn.gelu
+                torch.nn.functional.relu: "relu", torch.nn.functional.silu: "silu"}
 _ADDS = (operator.add, torch.add)
 # spartune::linear(x, weight, spec, bias, activation, residual, scale, out_dtype)
 _BIAS_ARG, _ACTIVATION_ARG, _RESIDUAL_ARG, _NUM_ARGS = 3, 4, 5, 8
@@ -86,26 +85,29 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
         out = _value(node)
         if out is None or out.requires_grad:
             continue
-        args = list(node.args)
+        args = node.args
         if args[_ACTIVATION_ARG] is None and args[_RESIDUAL_ARG] is None and len(node.users) == 1:
             user = next(iter(node.users))
             name = _activation_of(user)
             if name is not None:
-                args[_ACTIVATION_ARG] = name
-                node.args = tuple(args)
-                user.replace_all_uses_with(node)
-                graph.erase_node(user)
+                args = _absorb(graph, node, user, _ACTIVATION_ARG, name)
                 fused += 1
         if args[_RESIDUAL_ARG] is None and args[_BIAS_ARG] is None and len(node.users) == 1:
             user = next(iter(node.users))
             residual = _residual_of(user, node) if user is node.next else None
             if residual is not None and order[residual] < order[node]:
-                args[_RESIDUAL_ARG] = residual
-                node.args = tuple(args)
-                user.replace_all_uses_with(node)
-                graph.erase_node(user)
+                _absorb(graph, node, user, _RESIDUAL_ARG, residual)
                 fused += 1
     return fused
+
+
+def _absorb(graph, node, user, index: int, value) -> tuple:
+    """The linear takes over its one user: `value` goes into its argument `index`, the user's
+    uses become the linear's, and the user leaves the graph. Returns the new arguments."""
+    node.args = (*node.args[:index], value, *node.args[index + 1:])
+    user.replace_all_uses_with(node)
+    graph.erase_node(user)
+    return node.args
 
 
 @functools.lru_cache(maxsize=None)

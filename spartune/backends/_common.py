@@ -40,9 +40,7 @@ def finish(acc, out, bias, activation, residual, scale):
             torch.mul(acc, scale, out=out)
         else:
             out.copy_(acc)
-        if activation is not None:
-            IN_PLACE[activation](out)
-        return out if residual is None else out.add_(residual)
+        return activate_and_add_(out, activation, residual)
     wide = torch.promote_types(acc.dtype, torch.float32)  # fp32 math, float64 kept
     return out.copy_(apply_epilogue(acc.to(wide), None if bias is None else bias.to(wide), activation,
                                     None if residual is None else residual.to(wide), scale))
@@ -50,6 +48,13 @@ def finish(acc, out, bias, activation, residual, scale):
 
 def _same_dtype(out, *tensors) -> bool:
     return all(t is None or t.dtype == out.dtype for t in tensors)
+
+
+def activate_and_add_(y, activation, residual):
+    """The tail of the epilogue, in place on y: act(y) + residual."""
+    if activation is not None:
+        IN_PLACE[activation](y)
+    return y if residual is None else y.add_(residual)
 
 
 IN_PLACE = {"relu": torch.relu_, "silu": lambda t: torch.nn.functional.silu(t, inplace=True),

@@ -31,10 +31,7 @@ def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=
     if plain and activation is None and b is None and x.dim() == 2 and residual.dtype == x.dtype:
         return torch.addmm(residual, x, w.t(), out=out)
     if plain:  # F.linear's own output, finished in place
-        y = F.linear(x, w, b)
-        if activation is not None:
-            _common.IN_PLACE[activation](y)
-        return y if residual is None else y.add_(residual)
+        return _common.activate_and_add_(F.linear(x, w, b), activation, residual)
     return _common.finish(F.linear(x, w), out, bias, activation, residual, scale)
 
 
