@@ -7,6 +7,8 @@ separate pass over the layer's output, which the sparse kernel could have writte
 Inductor cannot fuse into an operator it does not see inside, so an Inductor pre-grad pass
 rewrites the traced graph before it lowers it:
   act(linear(x, ...))          -> linear(x, ..., activation=act)     (act: gelu, gelu tanh, silu, relu)
+  act(view(linear(x, ...)))    -> view(linear(x, ..., activation=act))   (views, reshapes, permutes
+                                  between: SparseConv2d's pixels-to-image view, a head split)
   linear(x, ...) + r, r + ...  -> linear(x, ..., residual=r)        (no bias; the add right after)
 Only where the rewrite keeps the meaning (the fused epilogue rounds once, at the end, so it
 differs from the unfused ops by their intermediate rounding): the linear's output has no other
@@ -33,6 +35,11 @@ import torch
 _ACTIVATIONS = {torch._C._nn.gelu: "gelu", torch._C._nn.silu: "silu", torch.relu: "relu",  # F.gelu is _nn.gelu
                 torch.nn.functional.relu: "relu", torch.nn.functional.silu: "silu"}
 _ADDS = (operator.add, torch.add)
+# ops that only rearrange elements: an elementwise activation commutes with them
+_LAYOUT_METHODS = {"view", "reshape", "permute", "transpose", "flatten", "unflatten", "squeeze", "unsqueeze",
+                   "contiguous"}
+_LAYOUT_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.flatten, torch.unflatten, torch.squeeze,
+                     torch.unsqueeze}
 # spartune::linear(x, weight, spec, bias, activation, residual, scale, out_dtype)
 _BIAS_ARG, _ACTIVATION_ARG, _RESIDUAL_ARG, _NUM_ARGS = 3, 4, 5, 8
 
@@ -43,18 +50,30 @@ def _value(node):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _activation_of(node) -> str | None:
-    """The epilogue's name for an activation call on one tensor, or None."""
-    name = _ACTIVATIONS.get(node.target) if node.op == "call_function" else None
-    if name is None or len(node.args) != 1:
-        return None
-    kwargs = dict(node.kwargs)
-    if name == "gelu":
-        approximate = kwargs.pop("approximate", "none")
-        name = {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
-    if kwargs.pop("inplace", False) or kwargs:
-        return None
-    return name
+def _is_layout(node) -> bool:
+    return ((node.op == "call_method" and node.target in _LAYOUT_METHODS)
+            or (node.op == "call_function" and node.target in _LAYOUT_FUNCTIONS))
+
+
+def _activation_after(linear):
+    """(activation node, its epilogue name, the node it reads) when linear's output reaches one
+    activation through a chain of layout ops, each the only user of the one before; else None.
+    An in-place activation qualifies too: nothing else sees the tensor it overwrites."""
+    node = linear
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        if _is_layout(user) and user.args and user.args[0] is node:
+            node = user
+            continue
+        name = _ACTIVATIONS.get(user.target) if user.op == "call_function" else None
+        if name is None or len(user.args) != 1 or user.args[0] is not node:
+            return None
+        kwargs = dict(user.kwargs)
+        kwargs.pop("inplace", None)
+        if name == "gelu":
+            name = {"none": "gelu", "tanh": "gelu_tanh"}.get(kwargs.pop("approximate", "none"))
+        return (user, name, node) if name is not None and not kwargs else None
+    return None
 
 
 def _residual_of(add, linear):
@@ -86,12 +105,11 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
         if out is None or out.requires_grad:
             continue
         args = node.args
-        if args[_ACTIVATION_ARG] is None and args[_RESIDUAL_ARG] is None and len(node.users) == 1:
-            user = next(iter(node.users))
-            name = _activation_of(user)
-            if name is not None:
-                args = _absorb(graph, node, user, _ACTIVATION_ARG, name)
-                fused += 1
+        found = _activation_after(node) if args[_ACTIVATION_ARG] is None and args[_RESIDUAL_ARG] is None else None
+        if found is not None:
+            user, name, read = found
+            args = _absorb(graph, node, user, _ACTIVATION_ARG, name, read)
+            fused += 1
         if args[_RESIDUAL_ARG] is None and args[_BIAS_ARG] is None and len(node.users) == 1:
             user = next(iter(node.users))
             residual = _residual_of(user, node) if user is node.next else None
@@ -101,11 +119,12 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
     return fused
 
 
-def _absorb(graph, node, user, index: int, value) -> tuple:
-    """The linear takes over its one user: `value` goes into its argument `index`, the user's
-    uses become the linear's, and the user leaves the graph. Returns the new arguments."""
+def _absorb(graph, node, user, index: int, value, read=None) -> tuple:
+    """The linear takes over `user` (which reads the linear's output, directly or as `read`):
+    `value` goes into the linear's argument `index`, the user's uses become `read`'s, and the
+    user leaves the graph. Returns the new arguments."""
     node.args = (*node.args[:index], value, *node.args[index + 1:])
-    user.replace_all_uses_with(node)
+    user.replace_all_uses_with(node if read is None else read)
     graph.erase_node(user)
     return node.args
 

@@ -55,6 +55,27 @@ def test_activation_fused(act, name):
         check(lambda x: act(lin(x)), torch.randn(2, 5, 16), fused=1, calls=[(name, False)])
 
 
+def test_activation_fused_through_layout_ops():
+    """A reshape or permute between the linear and the activation (SparseConv2d's pixels back to
+    an image, an attention head split) does not stop the fusion; an in-place activation fuses."""
+    lin = sparse(16, 16, bias=False)
+    with torch.no_grad():
+        check(lambda x: F.relu(lin(x).view(2, 2, 16).permute(1, 0, 2), inplace=True), torch.randn(4, 16), fused=1,
+              calls=[("relu", False)])
+        check(lambda x: F.silu(torch.transpose(lin(x).reshape(2, 2, 4, 4), 1, 2)), torch.randn(4, 16), fused=1,
+              calls=[("silu", False)])
+
+
+def test_sparse_pointwise_convolution_and_its_relu_fused():
+    from spartune.nn import SparseConv2d
+
+    conv = SparseConv2d.from_conv(nn.Conv2d(8, 16, 1), "csr", 0.5)
+    block = nn.Sequential(conv, nn.ReLU(inplace=True))
+    x = torch.randn(2, 8, 3, 5).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        check(block, x, fused=1, calls=[("relu", False)])
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_residual_and_activation_fused(side):
     up, down = sparse(48, 16), sparse(16, 48, bias=False)
@@ -74,7 +95,8 @@ def test_left_alone_where_not_exact():
         check(lambda x: (lambda y: F.relu(y) * y)(lin(x)), x, fused=0, calls=[(None, False)])  # two users
         check(lambda x: lin(x) + torch.ones(16), x, fused=0, calls=[(None, False)])  # broadcast
         check(lambda x: lin(x) + x.double(), x, fused=0, calls=[(None, False)])  # the add changes dtype
-        check(lambda x: F.relu(lin(x), inplace=True), x, fused=0, calls=[(None, False)])
+        check(lambda x: (lambda v: F.relu(v) + v)(lin(x).view(2, 2, 16)), x, fused=0, calls=[(None, False)])
+        check(lambda x: (lambda y: (F.relu(y, inplace=True), y * 2)[1])(lin(x)), x, fused=0, calls=[(None, False)])
         with_bias = sparse(16, 16)
         check(lambda x: x + with_bias(x), x, fused=0, calls=[(None, False)])  # see fusion's docstring
 
