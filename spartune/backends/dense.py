@@ -20,9 +20,10 @@ def dense_weight(A: SparseFormat) -> torch.Tensor:
 
 def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
     """cuBLAS on the decompressed weight. Returns F.linear's own result when that is the whole
-    op (no copy into `out`); the bias rides in cuBLAS's epilogue, a residual without a bias as
-    the GEMM's C; other epilogues run as separate torch ops, as a user without spartune would
-    write them."""
+    op (no copy into `out`); the bias rides in cuBLAS's epilogue, with a ReLU after it
+    (cuBLASLt's RELU_BIAS epilogue, through torch._addmm_activation; its GELU is tanh's on the GPU
+    and exact on the CPU, so GELU stays apart), a residual without a bias
+    as the GEMM's C; other epilogues run in place on the GEMM's output."""
     w = dense_weight(A)
     plain = scale == 1.0 and out.dtype == x.dtype
     b = None if bias is None else bias.to(w.dtype)
@@ -30,6 +31,9 @@ def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=
         return F.linear(x, w, b)
     if plain and activation is None and b is None and x.dim() == 2 and residual.dtype == x.dtype:
         return torch.addmm(residual, x, w.t(), out=out)
+    if plain and activation == "relu" and b is not None and residual is None:
+        y = torch._addmm_activation(b, x.reshape(-1, x.shape[-1]), w.t())
+        return y.view(*x.shape[:-1], w.shape[0])
     if plain:  # F.linear's own output, finished in place
         return _common.activate_and_add_(F.linear(x, w, b), activation, residual)
     return _common.finish(F.linear(x, w), out, bias, activation, residual, scale)
