@@ -1,5 +1,8 @@
-"""Under torch.compile, the activation and the residual add that follow a spartune linear run in
-its fused epilogue: `h + ffn_out(gelu(ffn_in(h)))` becomes two sparse kernels and nothing else.
+"""Under torch.compile, spartune's linears are rewritten before Inductor lowers them: linears
+that read the same x (q/k/v, gate/up) run as one SpMM on their weights stacked by rows
+(`merge_siblings`; outputs split by views), and the activation and the residual add that follow
+a linear run in its fused epilogue: `h + ffn_out(gelu(ffn_in(h)))` becomes two sparse kernels
+and nothing else.
 
 Why: a model's forward calls F.gelu (or silu, relu) and adds the residual itself, so each is a
 separate pass over the layer's output, which the sparse kernel could have written already
@@ -26,11 +29,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import operator
 import os
 from pathlib import Path
 
 import torch
+
+from .formats.stack import stackable
 
 _ACTIVATIONS = {torch._C._nn.gelu: "gelu", torch._C._nn.silu: "silu", torch.relu: "relu",  # F.gelu is _nn.gelu
                 torch.nn.functional.relu: "relu", torch.nn.functional.silu: "silu"}
@@ -129,6 +135,96 @@ def _absorb(graph, node, user, index: int, value, read=None) -> tuple:
     return node.args
 
 
+def merge_siblings(graph: torch.fx.Graph) -> int:
+    """Linears that read the same x, with no epilogue but a bias (all or none), one format kind
+    and K (`formats.stack.stackable`), become one spartune::linear_stacked call whose output
+    columns are split back by views (torch.narrow); returns how many calls were removed."""
+    target = torch.ops.spartune.linear.default
+    groups: dict[tuple, list] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not target or node.kwargs or len(node.args) != _NUM_ARGS:
+            continue
+        x, weight, spec, bias, activation, residual, scale, out_dtype = node.args  # noqa: F841 (x: the key)
+        out = _value(node)
+        inputs = [*weight, *([bias] if bias is not None else [])]
+        if (activation is not None or residual is not None or scale != 1.0 or out is None or out.requires_grad
+                or not all(isinstance(t, torch.fx.Node) and t.op in ("placeholder", "get_attr") for t in inputs)
+                or not all(_views_keep_columns(user, out.shape[-1]) for user in node.users)
+                or any(user.op == "output" for user in node.users)):  # a returned output stays its own
+            continue
+        fmt = json.loads(spec)["format"]
+        groups.setdefault((x, out_dtype, bias is None, fmt), []).append(node)
+    removed = 0
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for (_, out_dtype, no_bias, _), members in groups.items():
+        if len(members) < 2 or not stackable([m.args[2] for m in members]):
+            continue
+        between = [n for n in graph.nodes if order.get(n, -1) > order[members[0]] and order.get(n, 1 << 62) < order[members[-1]]]
+        if any(_mutates(n) for n in between):  # x (or a weight) may change between two members
+            continue
+        x = members[0].args[0]  # itself a slice when an earlier group held it
+        with graph.inserting_before(members[0]):
+            merged = graph.call_function(torch.ops.spartune.linear_stacked.default, (
+                x, [t for m in members for t in m.args[1]], [m.args[2] for m in members],
+                [len(m.args[1]) for m in members], [] if no_bias else [m.args[3] for m in members], out_dtype))
+            start = 0
+            for m in members:
+                width = json.loads(m.args[2])["shape"][0]
+                part = graph.call_function(torch.narrow, (merged, -1, start, width))
+                part.meta.update(m.meta)
+                m.replace_all_uses_with(part)
+                start += width
+        for m in members:
+            graph.erase_node(m)
+        removed += len(members) - 1
+    return removed
+
+
+_VIEW_METHODS = {"unsqueeze", "squeeze", "transpose", "permute", "expand", "select", "narrow", "t", "unflatten",
+                 "split", "chunk", "__getitem__", "view", "view_as", "as_strided"}
+_VIEW_FUNCTIONS = {operator.getitem, torch.transpose, torch.permute, torch.unsqueeze, torch.squeeze, torch.select,
+                   torch.narrow, torch.split, torch.chunk, torch.Tensor.view, torch.Tensor.view_as}
+
+
+def _reaches_view(node) -> bool:
+    """Whether a `.view` or `view_as` is reached from node through view ops."""
+    if (node.op == "call_method" and node.target in ("view", "view_as")) or node.target in (
+            torch.Tensor.view, torch.Tensor.view_as):
+        return True
+    viewish = (node.op == "call_method" and node.target in _VIEW_METHODS) or node.target in _VIEW_FUNCTIONS
+    return viewish and any(_reaches_view(u) for u in node.users)
+
+
+def _mutates(node) -> bool:
+    """An in-place op (a name ending in _, a setitem): it may change what a later member reads."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.op in ("call_method", "call_function") and (
+        (isinstance(name, str) and name.endswith("_") and not name.endswith("__")) or node.target is operator.setitem)
+
+
+def _views_keep_columns(user, width: int) -> bool:
+    """A `.view` of a column slice is valid only if it splits the last dimension alone (the
+    leading dimensions may merge or split freely); other users take any strides, except a
+    `.view` (or `view_as`) reached through another view, which is refused."""
+    is_view = (user.op == "call_method" and user.target == "view") or user.target is torch.Tensor.view
+    if not is_view:
+        if (user.op == "call_method" and user.target == "view_as") or user.target is torch.Tensor.view_as:
+            return False
+        viewish = (user.op == "call_method" and user.target in _VIEW_METHODS) or user.target in _VIEW_FUNCTIONS
+        return not viewish or not any(_reaches_view(u) for u in user.users)
+    shape = getattr(_value(user), "shape", None)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return False
+    tail = 1
+    for d in reversed(shape):
+        tail *= d
+        if tail == width:
+            return True
+        if tail > width:
+            return False
+    return False
+
+
 @functools.lru_cache(maxsize=None)
 def _pass_type():
     from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -140,6 +236,7 @@ def _pass_type():
             self.then = list(then) if isinstance(then, (list, tuple)) else [] if then is None else [then]
 
         def __call__(self, graph: torch.fx.Graph) -> None:
+            merge_siblings(graph)
             fuse_epilogues(graph)
             for other in self.then:
                 other(graph)

@@ -28,6 +28,7 @@ from . import ops
 from .backends import direct_launches
 from .epilogue import apply_epilogue, check_activation
 from .formats import CSR, BlockSparse, SparseFormat, transposed
+from .formats.stack import stacked
 
 # --- from tensors back to their format -------------------------------------------------------------
 _by_address: "weakref.WeakValueDictionary[tuple, SparseFormat]" = weakref.WeakValueDictionary()
@@ -105,6 +106,27 @@ def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
     rows, cols = _shape(spec)
     if x.shape[-1] != cols:
         raise ValueError(f"x must have last dimension {cols}, got shape {tuple(x.shape)}")
+    return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
+
+
+@_operator("linear_stacked(Tensor x, Tensor[] weight, str[] specs, int[] counts, Tensor[] biases, ScalarType? out_dtype) -> Tensor")
+def _linear_stacked(x: Tensor, weight: list[Tensor], specs: list[str], counts: list[int], biases: list[Tensor],
+                    out_dtype: Optional[torch.dtype]) -> Tensor:
+    """Linears that read the same x as one: the parts (counts[i] tensors of `weight` for specs[i])
+    stacked by rows, with their biases (one each, or none), y's columns in their order
+    (spartune.fusion writes these calls; the stacked copy is kept until a part changes)."""
+    parts, at = [], 0
+    for spec, count in zip(specs, counts):
+        parts.append(format_of(weight[at:at + count], spec))
+        at += count
+    A, bias = stacked(parts, biases)
+    with direct_launches():
+        return ops.linear(x, A, bias, out_dtype=out_dtype).contiguous()
+
+
+@_fake(_linear_stacked)
+def _(x, weight, specs, counts, biases, out_dtype):
+    rows = sum(_shape(spec)[0] for spec in specs)
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
 
 

@@ -175,3 +175,103 @@ def test_chains_the_users_passes_and_keys_the_cache_by_them():
     assert ran == ["keyed", "plain"]
     assert kind([Keyed(), plain]).uuid() is None
     assert kind(Keyed()).uuid()[1:] == ("keyed",) and kind(None).uuid()
+
+
+# --- linears that read the same x, as one SpMM ---------------------------------------------------------
+
+def qkv(pattern="block:16", bias=True):
+    torch.manual_seed(3)
+    return [SparseLinear.from_linear(nn.Linear(64, 64, bias=bias), pattern, 0.5) for _ in range(3)]
+
+
+def attention(q, k, v):
+    def fn(h):
+        b, t, d = h.shape
+        heads = lambda y: y.view(b, t, 4, 16).transpose(1, 2)  # noqa: E731 (splits the last dim only)
+        a = F.scaled_dot_product_attention(heads(q(h)), heads(k(h)), heads(v(h)))
+        return a.transpose(1, 2).reshape(b, t, d)
+    return fn
+
+
+def merged_graph(fn, *args):
+    seen = {}
+
+    def backend(gm, inputs):
+        seen["removed"] = fusion.merge_siblings(gm.graph)
+        gm.recompile()
+        seen["stacked"] = sum(n.target is torch.ops.spartune.linear_stacked.default for n in gm.graph.nodes)
+        return gm.forward
+
+    return torch.compile(fn, backend=backend, fullgraph=True)(*args), seen["removed"], seen["stacked"]
+
+
+@pytest.mark.parametrize("pattern, bias", [("block:16", True), ("csr", False)])
+def test_siblings_run_as_one(pattern, bias):
+    fn = attention(*qkv(pattern, bias))
+    h = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        out, removed, calls = merged_graph(fn, h)
+        torch.testing.assert_close(out, fn(h), **TOL)
+    assert (removed, calls) == (2, 1)
+
+
+def test_siblings_left_alone_where_merging_would_change_the_program():
+    q, k, v = qkv()
+    h = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        flat = lambda h: q(h).view(2, 5 * 64) + k(h).view(2, 5 * 64)  # noqa: E731 (folds the last dim)
+        assert merged_graph(flat, h)[1:] == (0, 0)
+        csr = SparseLinear.from_linear(nn.Linear(64, 64), "csr", 0.5)
+        assert merged_graph(lambda h: q(h) + csr(h), h)[1:] == (0, 0)  # two formats
+        assert merged_graph(lambda h: q(h, activation="relu") + k(h), h)[1:] == (0, 0)  # an epilogue
+        assert merged_graph(lambda h: q(h) + k(h * 2), h)[1:] == (0, 0)  # different inputs
+    grad = [SparseLinear.from_linear(nn.Linear(64, 64), "csr", 0.5, ) for _ in range(2)]
+    for layer in grad:
+        layer.weight_values.requires_grad_(True)
+    assert merged_graph(lambda h: grad[0](h) + grad[1](h), h)[1:] == (0, 0)
+
+
+def test_the_compiled_model_follows_its_weights():
+    """The stacked copy is made again when a part's values change (load_state_dict, an optimizer
+    step): the compiled model never runs stale weights."""
+    q, k, v = qkv()
+    fn = attention(q, k, v)
+    h = torch.randn(2, 5, 64)
+    compiled = torch.compile(fn, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(h), fn(h), **TOL)
+        k.weight_values.mul_(3)
+        v.bias.add_(1)
+        torch.testing.assert_close(compiled(h), fn(h), **TOL)
+
+
+def test_siblings_review_cases():
+    """From a review of the first version: chained groups, x changed in place between members,
+    views reached through other views, returned outputs."""
+    torch.manual_seed(4)
+    qa, kva, kb, vb = (SparseLinear.from_linear(nn.Linear(64, 64), "block:16", 0.5) for _ in range(4))
+    h = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        def chained(h):  # kv is a slice of the first group and the x of the second
+            a, kv = qa(h), kva(h)
+            return a + kb(kv) + vb(kv)
+
+        out, removed, calls = merged_graph(chained, h)
+        torch.testing.assert_close(out, chained(h), **TOL)
+        assert (removed, calls) == (2, 2)
+
+        def mutated(h):
+            a = qa(h)
+            h.mul_(2)
+            return a + kb(h)
+
+        out, removed, _ = merged_graph(mutated, h.clone())
+        assert removed == 0
+        torch.testing.assert_close(out, mutated(h.clone()), **TOL)
+        for fn in (lambda h: qa(h).unsqueeze(-1).view(2, 320) + kb(h).reshape(2, 320),
+                   lambda h: qa(h)[0].view(-1) + kb(h)[0].reshape(-1),
+                   lambda h: qa(h).view_as(torch.empty(2, 320)) + kb(h).reshape(2, 320),
+                   lambda h: (qa(h), kb(h))):
+            torch._dynamo.reset()
+            out, removed, _ = merged_graph(fn, h)
+            assert removed == 0
