@@ -245,6 +245,32 @@ def test_the_compiled_model_follows_its_weights():
         torch.testing.assert_close(compiled(h), fn(h), **TOL)
 
 
+def test_merged_weights_share_one_buffer():
+    """After the first merged call the parts' values and column indices are slices of the
+    stacked format's buffers (no second copy of the weight); the model does not recompile for
+    it, its state_dict round-trips, and an in-place update reaches the merged call."""
+    q, k, v = qkv()
+    fn = attention(q, k, v)
+    h = torch.randn(2, 5, 64)
+    expect = [t.clone() for t in (q.weight_values, k.weight_values, v.weight_values)]
+    compiled = torch.compile(fn, fullgraph=True)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        torch.testing.assert_close(compiled(h), fn(h), **TOL)
+        layers = (q, k, v)
+        storages = {m.weight_values.untyped_storage().data_ptr() for m in layers}
+        cols = {m.weight.col.untyped_storage().data_ptr() for m in layers}
+        assert len(storages) == 1 and len(cols) == 1
+        assert all(torch.equal(m.weight_values, e) for m, e in zip(layers, expect))
+        assert all(m.weight.values is m.weight_values for m in layers)
+        torch.testing.assert_close(compiled(h), fn(h), **TOL)
+        state = {name: t.clone() for name, t in k.state_dict().items()}
+        k.weight_values.mul_(-1)
+        torch.testing.assert_close(compiled(h), fn(h), **TOL)
+        k.load_state_dict(state)
+        torch.testing.assert_close(compiled(h), fn(h), **TOL)
+        assert torch.equal(k.weight_values, expect[1])
+
+
 def test_siblings_review_cases():
     """From a review of the first version: chained groups, x changed in place between members,
     views reached through other views, returned outputs."""
