@@ -10,11 +10,32 @@ ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
 @triton.jit
+def _normal_cdf(x):
+    """Phi(x) = erfc(-x / sqrt 2) / 2, to ~1e-6 relative (Numerical Recipes' erfcc: fractional
+    error < 1.2e-7), branch-free. Why not libdevice's erf: in an SpMM whose output is most of
+    its bytes (BERT ffn1, 4096 x 3072 at 90%), exact GELU through erf doubled the kernel (13.7 ->
+    26.5 us, benchmarks/LOG.md): both of erf's branches run in a warp of mixed inputs."""
+    a = tl.abs(x) * 0.7071067811865476
+    t = tl.fdiv(1.0, 1.0 + 0.5 * a, ieee_rounding=False)
+    p = 0.17087277 * t - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    half_erfc = 0.5 * t * tl.exp(p - a * a)
+    return tl.where(x >= 0, 1.0 - half_erfc, half_erfc)
+
+
+@triton.jit
 def activation(x, ACT: tl.constexpr):
     if ACT == 1:
         x = tl.maximum(x, 0.0)
     elif ACT == 2:
-        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        x = x * _normal_cdf(x)
     elif ACT == 3:
         inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         x = x * tl.sigmoid(2.0 * inner)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)

@@ -12,6 +12,19 @@ pytestmark = pytest.mark.gpu
 TOL = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # fp32 runs through tf32
 
 
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_epilogue_activations_at_fp32_accuracy(name):
+    """The activations every Triton family's epilogue applies, with the GPU's exp and division."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "kernels" / "test_activation.py"
+    spec = importlib.util.spec_from_file_location("activation_checks", path)
+    checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checks)
+    checks.check_activation(name, "cuda")
+
+
 def rel(out, expect):
     return ((out.double() - expect).norm() / expect.norm()).item()
 
