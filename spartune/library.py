@@ -115,20 +115,13 @@ def _linear_stacked(x: Tensor, weight: list[Tensor], specs: list[str], counts: l
                     out_dtype: Optional[torch.dtype]) -> Tensor:
     """Linears that read the same x as one: the parts (counts[i] tensors of `weight` for specs[i])
     stacked by rows, with their biases (one each, or none), y's columns in their order
-    (spartune.fusion writes these calls). The modules' weights move into the stacked format's
-    buffers (formats.stack.stacked), so the operators find them at their new addresses.."""
+    (spartune.fusion writes these calls; formats.stack.stacked keeps the stacked copy)."""
     parts, at = [], 0
     for spec, count in zip(specs, counts):
         parts.append(format_of(weight[at:at + count], spec))
         at += count
-    before = [_address(p.spec, p.tensor_list()) for p in parts]
-    owned = all(_by_address.get(a) is p for a, p in zip(before, parts))  # the modules' own formats
     # not in a CUDA graph's pool: cudagraph trees refuse the untracked tensors a cache keeps there
-    A, bias = stacked(parts, biases, share=owned, build=lambda make: outside_graph_pools(make, x.device))
-    for p, old in zip(parts, before):
-        if _address(p.spec, p.tensor_list()) != old:  # its tensors moved into A's buffers
-            _by_address.pop(old, None)
-            bind(p)
+    A, bias = stacked(parts, biases, build=lambda make: outside_graph_pools(make, x.device))
     with direct_launches():
         return ops.linear(x, A, bias, out_dtype=out_dtype).contiguous()
 

@@ -3,6 +3,7 @@ matrix, so they run as one SpMM (one launch, one pass over x) instead of several
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Sequence
 
 import torch
@@ -48,55 +49,32 @@ def stack_rows(parts: Sequence[SparseFormat]) -> SparseFormat:
     return BlockSparse(shape=(rows, cols), block=parts[0].block, crow=crow, col=col, values=values)
 
 
-def stacked(parts: Sequence[SparseFormat], biases: Sequence[torch.Tensor] = (), *, share: bool = True,
-            build=lambda make: make()):
-    """(the parts stacked by rows, their biases concatenated or None), kept on the first part.
+_stacks: "weakref.WeakKeyDictionary[SparseFormat, dict]" = weakref.WeakKeyDictionary()
 
-    With `share`, the stacked format owns the only copy of the weight: the parts' values and column indices
-    move into its buffers (`Tensor.set_`: the same tensor objects and values, their storage
-    shared), so a merged model holds no second copy, and a CUDA graph that replays the stacked
-    call reads what the parts hold, in place updates included. The row pointers and biases are
-    small copies. Everything is made again when a part or bias changes (another tensor, or an
-    in place update: load_state_dict, an optimizer step), so caches derived from the stacked
-    format never outlive the values they came from. `build(make)` runs the making (the
-    caller's choice of thread and memory pool)."""
-    key = _key(parts, biases)
-    entry = parts[0].__dict__.get("_stacked_rows")
+
+def stacked(parts: Sequence[SparseFormat], biases: Sequence[torch.Tensor] = (), *, build=lambda make: make()):
+    """(the parts stacked by rows, their biases concatenated or None): a copy, kept per group
+    (a layer may sit in several) while its first part lives, outside the format (a deepcopy or
+    pickle of the model does not carry it), and made again when a part or bias changes (another
+    tensor, or an in place update: load_state_dict, an optimizer step).
+
+    A copy, not the parts moved into one buffer: moving a module's parameters (`Tensor.set_`)
+    cut them off from views taken earlier, broke autograd's version checks across a training
+    step, and made layers in two groups move back and forth (benchmarks/LOG.md). The cost is
+    the merged layers' sparse weight twice in memory, and under a CUDA-graph replay (no Python
+    runs) an in-place update made after the capture is not seen: capture again after changing
+    weights. `build(make)` runs the making (the caller's choice of thread and memory pool)."""
+    key = tuple((id(t), t.data_ptr(), t._version) for p in parts for t in (p.values, p.col, p.crow)) + tuple(
+        (id(b), b.data_ptr(), b._version) for b in biases)
+    group = _stacks.setdefault(parts[0], {})
+    entry = group.get(tuple(map(id, parts)))
     if entry is None or entry[0] != key:
         def make():
             with torch.no_grad():
-                A, bias = stack_rows(parts), torch.cat(list(biases)) if biases else None
-                if share:
-                    _share(parts, A)
-            return _key(parts, biases), (A, bias)
+                return key, (stack_rows(parts), torch.cat(list(biases)) if biases else None)
 
-        entry = build(make)
-        object.__setattr__(parts[0], "_stacked_rows", entry)
+        entry = group[tuple(map(id, parts))] = build(make)
     return entry[1]
-
-
-def _key(parts, biases) -> tuple:
-    tensors = [t for p in parts for t in (p.values, p.col, p.crow)] + list(biases)
-    return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
-
-
-_ALIGN = 16  # bytes: a part's slice starts where wide loads and TMA can read it
-
-
-def _share(parts, A) -> bool:
-    """Point each part's values and column indices at its slice of A's (when every slice starts
-    aligned and the parts are contiguous; otherwise A keeps its own copy)."""
-    at, places = [0, 0], []
-    for p in parts:
-        places.append(tuple(at))
-        at = [at[0] + p.values.numel(), at[1] + p.col.numel()]
-    if not all(p.values.is_contiguous() and p.col.is_contiguous() for p in parts) or any(
-            v * A.values.element_size() % _ALIGN or c * A.col.element_size() % _ALIGN for v, c in places):
-        return False
-    for p, (v, c) in zip(parts, places):
-        p.values.set_(A.values.untyped_storage(), v, p.values.shape, p.values.stride())
-        p.col.set_(A.col.untyped_storage(), c, p.col.shape, p.col.stride())
-    return True
 
 
 __all__ = ["stackable", "stack_rows", "stacked"]
