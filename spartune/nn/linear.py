@@ -59,6 +59,14 @@ class SparseLinear(nn.Module):
             self._weight = library.bind(SparseFormat.from_spec(spec, tensors, trusted=True))
             self._weight_where = where
 
+    def __setstate__(self, state):
+        """A deep copy or an unpickled module: its format came along over the new tensors but is
+        not yet the one the operators find at their addresses (they would wrap and tune a new
+        one on every call once more than a few such layers exist)."""
+        super().__setstate__(state)
+        if "_weight" in self.__dict__:
+            self._rebind(self._weight.spec)
+
     def _weight_tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight_{name}") for name in self._weight_names]
 

@@ -155,6 +155,25 @@ def test_torch_save_and_load(pattern, sparsity, tmp_path):
 
 
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS, ids=IDS)
+def test_a_deep_copy_or_pickle_is_found_by_the_operators(pattern, sparsity):
+    """A copied layer's format is the one the operators find at its tensors' addresses, so
+    its tuned choices serve every call (not a format wrapped and tuned anew each time)."""
+    import copy
+    import pickle
+
+    from spartune import library
+
+    src = mlp(0, pattern, sparsity)
+    for dst in (copy.deepcopy(src), pickle.loads(pickle.dumps(src))):
+        layers = [m for m in dst.modules() if isinstance(m, SparseLinear)]
+        assert layers
+        for m in layers:
+            assert m.weight.tensor_list()[0] is m.weight_values
+            assert library.format_of(m.weight.tensor_list(), m.weight.spec) is m.weight
+        assert_same_model(dst, src, torch.randn(5, 48))
+
+
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS, ids=IDS)
 def test_safetensors_round_trip(pattern, sparsity, tmp_path):
     safetensors_torch = pytest.importorskip("safetensors.torch")
     src = mlp(0, pattern, sparsity)
