@@ -47,10 +47,11 @@ def _address(spec: str, tensors) -> tuple:
 
 
 def format_of(tensors: list[Tensor], spec: str) -> SparseFormat:
-    """The live format whose tensors sit at these addresses with these shapes, or a new one."""
+    """The live format whose tensors sit at these addresses with these shapes, or a new one (an
+    entry whose format's tensors have moved since, e.g. `param.data = ...`, is not a match)."""
     A = _by_address.get(_address(spec, tensors))
-    if A is not None and all(a is b or (a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride())
-                             for a, b in zip(A.tensor_list(), tensors)):
+    if A is not None and all(a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+                                         and a.stride() == b.stride()) for a, b in zip(A.tensor_list(), tensors)):
         return A
     A = SparseFormat.from_spec(spec, tensors)
     _rebuilt.append(A)

@@ -473,3 +473,16 @@ def test_an_in_place_update_reaches_every_kernel_path(pattern, sparsity):
         out = torch.empty(6, 24)
         family.launch(A, x, out, cfg)
         assert st.reference.rel_err(out, st.reference.linear(x, A)) < 1e-5, (family.name, cfg)
+
+
+def test_the_operators_do_not_take_a_moved_format_for_new_tensors_at_its_old_address():
+    """After `param.data = ...` moves a layer's values, tensors at the old address (the old
+    storage, still alive) are not mistaken for that layer's format."""
+    from spartune import library
+
+    m = layer(0, "csr", 0.8)
+    old = m.weight_values.data
+    m.weight_values.data = old.clone()
+    tensors = [old, *m.weight.tensor_list()[1:]]
+    found = library.format_of(tensors, m.weight.spec)
+    assert found is not m.weight and found.values is old
