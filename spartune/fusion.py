@@ -21,9 +21,13 @@ directly after the linear (nothing can change r in between). A residual is
 left alone after a linear with a bias: where the tuner falls back to cuBLAS, bias and residual
 together cost a pass of their own, while Inductor folds the add into the next norm for free.
 
+The merge pays where small calls are launch- and ramp-bound (Llama decode N = 8: 2.13x ->
+2.7x over compiled dense); it keeps a stacked copy of the parts (formats.stack.stacked: the
+merged layers' sparse weight twice in memory, made again when a part changes).
+
 The pass installs itself when a spartune operator is traced (importing Inductor's config costs
 ~1 s, not paid by eager users); a pre-grad pass the user set (one, or a list) runs after it.
-Set SPARTUNE_FUSE_EPILOGUES=0 to leave graphs alone.
+Set SPARTUNE_FUSE_EPILOGUES=0 to leave graphs alone (no merge, no fusion).
 """
 from __future__ import annotations
 
