@@ -60,9 +60,16 @@ def _value(node):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _is_layout(node) -> bool:
-    return ((node.op == "call_method" and node.target in _LAYOUT_METHODS)
-            or (node.op == "call_function" and node.target in _LAYOUT_FUNCTIONS))
+def _calls(node, methods=(), functions=()) -> bool:
+    """Whether node calls a Tensor method named in `methods` or one of `functions`."""
+    return ((node.op == "call_method" and node.target in methods)
+            or (node.op == "call_function" and node.target in functions))
+
+
+def _is_linear(node) -> bool:
+    """A spartune::linear call as the operator's schema writes it (positional arguments only)."""
+    return (node.op == "call_function" and node.target is torch.ops.spartune.linear.default and not node.kwargs
+            and len(node.args) == _NUM_ARGS)
 
 
 def _activation_after(linear):
@@ -72,7 +79,7 @@ def _activation_after(linear):
     node = linear
     while len(node.users) == 1:
         user = next(iter(node.users))
-        if _is_layout(user) and user.args and user.args[0] is node:
+        if _calls(user, _LAYOUT_METHODS, _LAYOUT_FUNCTIONS) and user.args and user.args[0] is node:
             node = user
             continue
         name = _ACTIVATIONS.get(user.target) if user.op == "call_function" else None
@@ -105,11 +112,10 @@ def _residual_of(add, linear):
 
 def fuse_epilogues(graph: torch.fx.Graph) -> int:
     """Rewrite the graph in place; returns how many activations and residuals were fused."""
-    target = torch.ops.spartune.linear.default
     order = {node: i for i, node in enumerate(graph.nodes)}  # erasing nodes keeps the others' order
     fused = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not target or node.kwargs or len(node.args) != _NUM_ARGS:
+        if not _is_linear(node):
             continue
         out = _value(node)
         if out is None or out.requires_grad:
@@ -143,10 +149,9 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
     """Linears that read the same x, with no epilogue but a bias (all or none), one format kind
     and K (`formats.stack.stackable`), become one spartune::linear_stacked call whose output
     columns are split back by views (torch.narrow); returns how many calls were removed."""
-    target = torch.ops.spartune.linear.default
     groups: dict[tuple, list] = {}
     for node in graph.nodes:
-        if node.op != "call_function" or node.target is not target or node.kwargs or len(node.args) != _NUM_ARGS:
+        if not _is_linear(node):
             continue
         x, weight, spec, bias, activation, residual, scale, out_dtype = node.args  # noqa: F841 (x: the key)
         out = _value(node)
@@ -184,19 +189,20 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
     return removed
 
 
+# ops whose output views their input (strides carried over), and the two that need strides to fit
 _VIEW_METHODS = {"unsqueeze", "squeeze", "transpose", "permute", "expand", "select", "narrow", "t", "unflatten",
                  "split", "chunk", "__getitem__", "view", "view_as", "as_strided"}
 _VIEW_FUNCTIONS = {operator.getitem, torch.transpose, torch.permute, torch.unsqueeze, torch.squeeze, torch.select,
                    torch.narrow, torch.split, torch.chunk, torch.Tensor.view, torch.Tensor.view_as}
+_VIEW = ({"view"}, {torch.Tensor.view})
+_VIEW_AS = ({"view_as"}, {torch.Tensor.view_as})
 
 
 def _reaches_view(node) -> bool:
     """Whether a `.view` or `view_as` is reached from node through view ops."""
-    if (node.op == "call_method" and node.target in ("view", "view_as")) or node.target in (
-            torch.Tensor.view, torch.Tensor.view_as):
+    if _calls(node, *_VIEW) or _calls(node, *_VIEW_AS):
         return True
-    viewish = (node.op == "call_method" and node.target in _VIEW_METHODS) or node.target in _VIEW_FUNCTIONS
-    return viewish and any(_reaches_view(u) for u in node.users)
+    return _calls(node, _VIEW_METHODS, _VIEW_FUNCTIONS) and any(_reaches_view(u) for u in node.users)
 
 
 def _mutates(node) -> bool:
@@ -210,12 +216,10 @@ def _views_keep_columns(user, width: int) -> bool:
     """A `.view` of a column slice is valid only if it splits the last dimension alone (the
     leading dimensions may merge or split freely); other users take any strides, except a
     `.view` (or `view_as`) reached through another view, which is refused."""
-    is_view = (user.op == "call_method" and user.target == "view") or user.target is torch.Tensor.view
-    if not is_view:
-        if (user.op == "call_method" and user.target == "view_as") or user.target is torch.Tensor.view_as:
-            return False
-        viewish = (user.op == "call_method" and user.target in _VIEW_METHODS) or user.target in _VIEW_FUNCTIONS
-        return not viewish or not any(_reaches_view(u) for u in user.users)
+    if _calls(user, *_VIEW_AS):
+        return False
+    if not _calls(user, *_VIEW):
+        return not _calls(user, _VIEW_METHODS, _VIEW_FUNCTIONS) or not any(_reaches_view(u) for u in user.users)
     shape = getattr(_value(user), "shape", None)
     if shape is None or not all(isinstance(d, int) for d in shape):
         return False

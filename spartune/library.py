@@ -105,7 +105,11 @@ def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
     from . import fusion
 
     fusion.install()  # traced: torch.compile will want the epilogue fusion pass
-    rows, cols = _shape(spec)
+    return _output_like(x, *_shape(spec), out_dtype)
+
+
+def _output_like(x, rows: int, cols: int, out_dtype):
+    """The traced output of x (..., cols) times a (rows, cols) weight."""
     if x.shape[-1] != cols:
         raise ValueError(f"x must have last dimension {cols}, got shape {tuple(x.shape)}")
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
@@ -129,8 +133,7 @@ def _linear_stacked(x: Tensor, weight: list[Tensor], specs: list[str], counts: l
 
 @_fake(_linear_stacked)
 def _(x, weight, specs, counts, biases, out_dtype):
-    rows = sum(_shape(spec)[0] for spec in specs)
-    return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
+    return _output_like(x, sum(_shape(spec)[0] for spec in specs), _shape(specs[0])[1], out_dtype)
 
 
 @_operator("spmm(Tensor[] weight, str spec, Tensor X, ScalarType? out_dtype) -> Tensor")
