@@ -12,74 +12,105 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# the projections sparsify converts, as child module names (in_proj, or q/k/v_proj when kdim or
+# vdim differ from embed_dim)
+PROJECTIONS = ("in_proj", "q_proj", "k_proj", "v_proj", "out_proj")
+
+
 class SparseMultiheadAttention(nn.Module):
     """nn.MultiheadAttention's computation (same forward signature and outputs) with the packed
-    in-projection held by `in_proj` = nn.Linear(E, 3E) and the out-projection by `out_proj`, both
-    *called* as modules, so a SparseLinear swapped in by sparsify() is the one that runs.
+    in-projection held by `in_proj` = nn.Linear(E, 3E) (or, when kdim or vdim differ from E, by
+    `q_proj`, `k_proj`, `v_proj`) and the out-projection by `out_proj`, all *called* as modules,
+    so a SparseLinear swapped in by sparsify() is the one that runs. add_bias_kv and
+    add_zero_attn append their key/value rows as MHA does.
 
-    Reproduces MHA with kdim == vdim == embed_dim and no add_bias_kv / add_zero_attn. Its
-    state_dict keys are `in_proj.weight`/`in_proj.bias`, not MHA's `in_proj_weight`/`in_proj_bias`;
-    build one from a trained MHA with from_mha().
+    Its state_dict keys are the modules' (`in_proj.weight`, ...), not MHA's `in_proj_weight`,
+    `q_proj_weight`, ...; build one from a trained MHA with from_mha().
     """
-
-    _qkv_same_embed_dim = True  # read by TransformerEncoder(Layer)'s fast-path checks
     # The fused encoder-layer path calls self_attn.merge_masks(src_mask, src_key_padding_mask, src)
     # (self-attention only, it assumes L == S); torch's own function needs nothing but self.num_heads.
     merge_masks = nn.MultiheadAttention.merge_masks
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False, device=None, dtype=None):
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = False, device=None, dtype=None):
         super().__init__()
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        self.embed_dim = self.kdim = self.vdim = embed_dim
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} must be a positive multiple of num_heads {num_heads}")
+        self.embed_dim = embed_dim
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
+        self._qkv_same_embed_dim = self.kdim == self.vdim == embed_dim  # read by the encoders' fast-path checks
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.batch_first = batch_first
-        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, device=device, dtype=dtype)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
+        self.add_zero_attn = add_zero_attn
+        factory = dict(device=device, dtype=dtype)
+        if self._qkv_same_embed_dim:
+            self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)
+            inputs = [self.in_proj]
+        else:
+            self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+            self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias, **factory)
+            self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias, **factory)
+            inputs = [self.q_proj, self.k_proj, self.v_proj]
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.bias_k = nn.Parameter(torch.empty(1, 1, embed_dim, **factory)) if add_bias_kv else None
+        self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **factory)) if add_bias_kv else None
         # nn.MultiheadAttention's initialisation (out_proj keeps nn.Linear's weight init)
-        nn.init.xavier_uniform_(self.in_proj.weight)
+        for linear in inputs:
+            nn.init.xavier_uniform_(linear.weight)
+            if bias:
+                nn.init.zeros_(linear.bias)
         if bias:
-            nn.init.zeros_(self.in_proj.bias)
             nn.init.zeros_(self.out_proj.bias)
+        if add_bias_kv:
+            nn.init.xavier_normal_(self.bias_k)
+            nn.init.xavier_normal_(self.bias_v)
 
     # The names nn.MultiheadAttention has; TransformerEncoder(Layer) read them in their fast-path checks.
     @property
     def in_proj_weight(self):
-        return self.in_proj.weight
+        return self.in_proj.weight if self._qkv_same_embed_dim else None
 
     @property
     def in_proj_bias(self):
-        return self.in_proj.bias
+        if self._qkv_same_embed_dim:
+            return self.in_proj.bias
+        parts = [m.bias for m in (self.q_proj, self.k_proj, self.v_proj)]
+        return None if parts[0] is None else torch.cat(parts)
 
     @classmethod
     def from_mha(cls, mha: nn.MultiheadAttention) -> SparseMultiheadAttention:
-        """A copy of `mha` (weights, device, dtype, dropout, batch_first, training flag)."""
-        if not mha._qkv_same_embed_dim:
-            raise NotImplementedError("SparseMultiheadAttention needs kdim == vdim == embed_dim "
-                                      "(one packed in-projection); this MHA has separate q/k/v weights")
-        if mha.bias_k is not None or mha.bias_v is not None:
-            raise NotImplementedError("SparseMultiheadAttention does not reproduce add_bias_kv=True")
-        if mha.add_zero_attn:
-            raise NotImplementedError("SparseMultiheadAttention does not reproduce add_zero_attn=True")
-        w = mha.in_proj_weight
+        """A copy of `mha` (weights, device, dtype, dropout, batch_first, every option, training flag)."""
+        w = mha.out_proj.weight
         new = cls(mha.embed_dim, mha.num_heads, mha.dropout, bias=mha.in_proj_bias is not None,
+                  add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn, kdim=mha.kdim, vdim=mha.vdim,
                   batch_first=mha.batch_first, device="meta", dtype=w.dtype).to_empty(device=w.device)
         # built on "meta" (no init, no draw from the RNG): every tensor is copied below
+        if mha._qkv_same_embed_dim:
+            pairs = [(new.in_proj.weight, mha.in_proj_weight), (new.in_proj.bias, mha.in_proj_bias)]
+        else:
+            biases = (None,) * 3 if mha.in_proj_bias is None else mha.in_proj_bias.chunk(3)
+            pairs = [(new.q_proj.weight, mha.q_proj_weight), (new.k_proj.weight, mha.k_proj_weight),
+                     (new.v_proj.weight, mha.v_proj_weight), (new.q_proj.bias, biases[0]),
+                     (new.k_proj.bias, biases[1]), (new.v_proj.bias, biases[2])]
+        pairs += [(new.out_proj.weight, w), (new.out_proj.bias, mha.out_proj.bias), (new.bias_k, mha.bias_k),
+                  (new.bias_v, mha.bias_v)]
         with torch.no_grad():
-            new.in_proj.weight.copy_(w)
-            new.out_proj.weight.copy_(mha.out_proj.weight)
-            if mha.in_proj_bias is not None:
-                new.in_proj.bias.copy_(mha.in_proj_bias)
-                new.out_proj.bias.copy_(mha.out_proj.bias)
+            for dst, src in pairs:
+                if dst is not None:
+                    dst.copy_(src)
         return new.train(mha.training)
 
     def _project(self, query, key, value):
         """q, k, v through `in_proj`. One call for self-attention. Otherwise each distinct input
         goes through the whole (3E, E) projection and keeps its third: a sparse weight cannot be
-        sliced into its q/k/v rows, so cross-attention pays up to 3x the in-projection work."""
+        sliced into its q/k/v rows, so cross-attention pays up to 3x the in-projection work.
+        With kdim or vdim apart from E, each through its own projection."""
+        if not self._qkv_same_embed_dim:
+            return self.q_proj(query), self.k_proj(key), self.v_proj(value)
         E = self.embed_dim
         pq = self.in_proj(query)
         pk = pq if key is query else self.in_proj(key)
@@ -109,6 +140,18 @@ class SparseMultiheadAttention(nn.Module):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        # key/value rows MHA appends (add_bias_kv's, then add_zero_attn's): attended to, never masked
+        extra_k, extra_v = [], []
+        if self.bias_k is not None:
+            extra_k.append(self.bias_k.expand(k.shape[0], 1, -1))
+            extra_v.append(self.bias_v.expand(v.shape[0], 1, -1))
+        if self.add_zero_attn:
+            extra_k.append(k.new_zeros(k.shape[0], 1, k.shape[2]))
+            extra_v.append(v.new_zeros(v.shape[0], 1, v.shape[2]))
+        if extra_k:
+            k, v = torch.cat([k, *extra_k], dim=1), torch.cat([v, *extra_v], dim=1)
+            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, len(extra_k)))
+            key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, len(extra_k)))
         N, L, S = q.shape[0], q.shape[1], k.shape[1]
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for t in (q, k, v))
 

@@ -9,7 +9,6 @@ to a module that is not a linear layer is left dense, since pruning would break 
 """
 from __future__ import annotations
 
-import copy
 import fnmatch
 from dataclasses import dataclass
 from typing import Callable
@@ -18,7 +17,7 @@ from torch import nn
 
 from .. import dispatch
 from ..prune import parse_pattern
-from .attention import SparseMultiheadAttention, disable_fused_fast_paths
+from .attention import PROJECTIONS, SparseMultiheadAttention, disable_fused_fast_paths
 from .conv import SparseConv2d, is_pointwise
 from .linear import SparseLinear
 
@@ -71,7 +70,7 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
                                         skipped=skipped or "not selected")
             continue
         parent_name = name.rpartition(".")[0]
-        if name.endswith((".in_proj", ".out_proj")) and isinstance(_get(model, parent_name), nn.MultiheadAttention):
+        if name.rpartition(".")[2] in PROJECTIONS and isinstance(_get(model, parent_name), nn.MultiheadAttention):
             if parent_name not in attention:
                 attention[parent_name] = SparseMultiheadAttention.from_mha(_get(model, parent_name))
             module = getattr(attention[parent_name], name.rpartition(".")[2])
@@ -104,7 +103,7 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     aliases = [n for n, _ in model.named_modules(remove_duplicate=False) if n]  # a module held at several names
     new = {}  # id(module replaced) -> (it, kept alive while ids are compared; its replacement)
     for parent_name, attn in attention.items():  # the attention modules first, their projections next
-        for child in ("in_proj", "out_proj"):
+        for child in PROJECTIONS:
             if f"{parent_name}.{child}" in replacements:
                 setattr(attn, child, replacements.pop(f"{parent_name}.{child}"))
         old = _get(model, parent_name)
@@ -131,7 +130,7 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
     root = "the model itself is this layer: sparsify replaces submodules in place (wrap it in a module)"
     for name, m in model.named_modules():
         if isinstance(m, nn.MultiheadAttention):
-            skip = _attention_skip(m) if name else root
+            skip = "" if name else root
             for child, linear in _attention_projections(m).items():
                 full = f"{name}.{child}" if name else child
                 plan[full] = (linear, *_select(full, linear, choose, filter_fn, skip))
@@ -166,25 +165,22 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
 
 
 def _attention_projections(mha: nn.MultiheadAttention) -> dict[str, nn.Linear]:
-    """MHA's projections as linear layers (the in-projection's weight is a raw Parameter):
-    the layers sparsify would prune if the attention were converted."""
-    if mha.in_proj_weight is None:
-        return {"out_proj": mha.out_proj}
-    e = mha.embed_dim
-    in_proj = nn.Linear(e, 3 * e, bias=mha.in_proj_bias is not None, device="meta",  # no init, no RNG draw
-                        dtype=mha.in_proj_weight.dtype)
-    in_proj.weight = mha.in_proj_weight
-    if mha.in_proj_bias is not None:
-        in_proj.bias = mha.in_proj_bias
-    return {"in_proj": in_proj, "out_proj": mha.out_proj}
-
-
-def _attention_skip(mha) -> str:
-    try:
-        SparseMultiheadAttention.from_mha(copy.deepcopy(mha).to("meta"))
-    except NotImplementedError as e:
-        return f"MultiheadAttention reads its projections as raw tensors and cannot be converted: {e}"
-    return ""
+    """MHA's in-projections as linear layers over its raw weight Parameters (the names
+    SparseMultiheadAttention gives them), and its out_proj: the layers sparsify prunes once the
+    attention is converted. Only their weights are read (the plan, ties, sizes)."""
+    if mha._qkv_same_embed_dim:
+        weights = {"in_proj": mha.in_proj_weight}
+    else:
+        weights = {"q_proj": mha.q_proj_weight, "k_proj": mha.k_proj_weight, "v_proj": mha.v_proj_weight}
+    packed_bias = mha.in_proj_bias if mha._qkv_same_embed_dim else None  # thirds are not Parameters
+    out = {}
+    for child, w in weights.items():
+        out[child] = nn.Linear(w.shape[1], w.shape[0], bias=packed_bias is not None, device="meta",  # no init, no RNG
+                               dtype=w.dtype)
+        out[child].weight = w
+        if packed_bias is not None:
+            out[child].bias = packed_bias
+    return {**out, "out_proj": mha.out_proj}
 
 
 def _select(name, module, choose, filter_fn, skip):

@@ -151,14 +151,47 @@ def test_projections_are_called_as_modules():
     assert calls == [sparse.in_proj] * 3 + [sparse.out_proj]
 
 
-@pytest.mark.parametrize("kwargs,reason", [
-    (dict(kdim=8, vdim=8), "kdim == vdim == embed_dim"),
-    (dict(add_bias_kv=True), "add_bias_kv"),
-    (dict(add_zero_attn=True), "add_zero_attn"),
-])
-def test_unsupported_configurations(kwargs, reason):
-    with pytest.raises(NotImplementedError, match=reason):
-        SparseMultiheadAttention.from_mha(nn.MultiheadAttention(E, H, **kwargs))
+OPTIONS = [dict(kdim=8, vdim=8), dict(kdim=6, vdim=10), dict(add_bias_kv=True), dict(add_zero_attn=True),
+           dict(kdim=6, vdim=10, add_bias_kv=True, add_zero_attn=True)]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("masks", ["none", "key_padding", "both", "mask_3d"])
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_every_mha_option_matches_multihead_attention(options, masks, batch_first, need_weights):
+    """kdim / vdim apart from embed_dim (separate q/k/v projections), add_bias_kv and
+    add_zero_attn (key/value rows appended after the masks' columns)."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(E, H, batch_first=batch_first, dtype=F64, **options)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.normal_()  # biases too (MHA zero-initialises them)
+    sparse = SparseMultiheadAttention.from_mha(mha)
+    g = torch.Generator().manual_seed(1)
+    kd, vd = options.get("kdim", E), options.get("vdim", E)
+
+    def seq(n, d):
+        return torch.randn(*((N, n, d) if batch_first else (n, N, d)), generator=g, dtype=F64)
+
+    q, k, v = seq(L, E), seq(S, kd), seq(S, vd)
+    kw = dict(need_weights=need_weights)
+    kpm = torch.rand(N, S, generator=g) < 0.3
+    kpm[:, 0] = False
+    if masks in ("key_padding", "both"):
+        kw["key_padding_mask"] = kpm
+    if masks == "both":
+        kw["attn_mask"] = torch.randn(L, S, generator=g, dtype=F64)
+    if masks == "mask_3d":
+        kw["attn_mask"] = torch.randn(N * H, L, S, generator=g, dtype=F64)
+    out, w = sparse(q, k, v, **kw)
+    ref_out, ref_w = mha(q, k, v, **kw)
+    torch.testing.assert_close(out, ref_out, atol=1e-10, rtol=0)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w, atol=1e-10, rtol=0)
+    if "kdim" in options:
+        assert not hasattr(sparse, "in_proj") and sparse.k_proj.weight.shape == (E, kd)
+        torch.testing.assert_close(sparse.in_proj_bias, mha.in_proj_bias, atol=0, rtol=0)
 
 
 def _randomize(module):

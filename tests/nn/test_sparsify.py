@@ -39,8 +39,8 @@ def _reference(original: nn.Module, sparse: nn.Module, reports) -> nn.Module:
             w = sparse.get_submodule(name).weight.to_dense()
             parent, _, child = name.rpartition(".")
             owner = ref.get_submodule(parent) if parent else ref
-            if child == "in_proj" and isinstance(owner, nn.MultiheadAttention):
-                owner.in_proj_weight.copy_(w)
+            if child in ("in_proj", "q_proj", "k_proj", "v_proj") and isinstance(owner, nn.MultiheadAttention):
+                getattr(owner, f"{child}_weight").copy_(w)
             else:
                 owner.get_submodule(child).weight.copy_(w)
     return ref
@@ -118,12 +118,28 @@ def test_multihead_attention_in_a_model_is_converted(pattern, sparsity, training
         torch.testing.assert_close(model(x, kpm), ref(x, kpm), atol=1e-10, rtol=0)
 
 
-def test_multihead_attention_that_cannot_be_converted_is_skipped():
-    model = nn.Sequential(nn.MultiheadAttention(E, H, kdim=16, vdim=16), nn.Linear(E, E))
+def test_multihead_attention_with_every_option_is_converted():
+    """kdim / vdim apart from embed_dim (three in-projections), add_bias_kv, add_zero_attn."""
+    class Cross(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(E, H, kdim=16, vdim=12, add_bias_kv=True, add_zero_attn=True,
+                                              batch_first=True, dtype=F64)
+
+        def forward(self, x, m, n):
+            return self.attn(x, m, n)[0]
+
+    dense = _randomize(Cross()).eval()
+    model = copy.deepcopy(dense)
     reports = sparsify(model, "csr", 0.5)
-    assert type(model[0]) is nn.MultiheadAttention and type(model[0].out_proj) is not SparseLinear
-    assert reports["0.out_proj"].pattern is None and "kdim == vdim" in reports["0.out_proj"].skipped
-    assert isinstance(model[1], SparseLinear)
+    assert set(reports) == {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj"}
+    assert reports["attn.k_proj"].shape == (E, 16) and reports["attn.v_proj"].shape == (E, 12)
+    assert isinstance(model.attn, SparseMultiheadAttention)
+    assert all(isinstance(getattr(model.attn, c), SparseLinear) for c in ("q_proj", "k_proj", "v_proj", "out_proj"))
+    ref = _reference(dense, model, reports)
+    torch.manual_seed(3)
+    x, m, n = (torch.randn(3, t, d, dtype=F64) for t, d in ((5, E), (7, 16), (7, 12)))
+    torch.testing.assert_close(model(x, m, n), ref(x, m, n), atol=1e-10, rtol=0)
 
 
 def _encoder(kind):
