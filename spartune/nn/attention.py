@@ -40,6 +40,8 @@ class SparseMultiheadAttention(nn.Module):
         self.embed_dim = embed_dim
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = embed_dim if vdim is None else vdim
+        if self.kdim <= 0 or self.vdim <= 0:
+            raise ValueError(f"kdim and vdim must be positive, got {self.kdim} and {self.vdim}")
         self._qkv_same_embed_dim = self.kdim == self.vdim == embed_dim  # read by the encoders' fast-path checks
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads

@@ -151,6 +151,12 @@ def test_projections_are_called_as_modules():
     assert calls == [sparse.in_proj] * 3 + [sparse.out_proj]
 
 
+def test_bad_dimensions_are_refused():
+    for kwargs in (dict(embed_dim=10, num_heads=4), dict(embed_dim=8, num_heads=0), dict(embed_dim=8, num_heads=2, kdim=0)):
+        with pytest.raises(ValueError, match="must be"):
+            SparseMultiheadAttention(**kwargs)
+
+
 OPTIONS = [dict(kdim=8, vdim=8), dict(kdim=6, vdim=10), dict(add_bias_kv=True), dict(add_zero_attn=True),
            dict(kdim=6, vdim=10, add_bias_kv=True, add_zero_attn=True)]
 
