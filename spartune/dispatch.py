@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from . import backends, reference
+from .epilogue import apply_prologue
 from .formats import SparseFormat
 from .kernels import registry
 from .tune.device import INTERPRETER_DEVICE
@@ -117,14 +118,39 @@ def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
 
 
 # --- linear and spmm ---------------------------------------------------------------------------
-def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0) -> tuple[dict, dict]:
+def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0, prologue=None) -> tuple[dict, dict]:
     """(ours, library): every way to compute `out` = linear(x, A, ...), as {family: run(config)}
     for our kernel families and {name: run()} for the library backends."""
-    epi = dict(bias=bias, activation=activation, residual=residual, scale=scale)
-    ours = {f: (lambda cfg, f=f: f.launch(A, x, out, cfg, **epi))
+    args = (A, x, out, bias, activation, residual, scale, prologue)
+    ours = {f: (lambda cfg, f=f: launcher(A, f.name, cfg)(*args))
             for f in registry.families("linear", A) if f.available(A.device)}
-    library = {name: (lambda fn=fn: fn(A, x, out, **epi)) for name, fn in _libraries(A).items()}
+    library = {name: (lambda name=name: launcher(A, name, None)(*args)) for name in _libraries(A)}
     return ours, library
+
+
+def launcher(A, backend: str, config):
+    """launch(A, x, out, bias, act, res, scale, prologue) for one backend (a family and its
+    config, or a library): a prologue the backend does not apply while loading x runs first,
+    as a pass of its own (kernels.prologue)."""
+    family = registry.by_name(backend)
+    if family is None:
+        fn = _libraries(A)[backend]
+        run = lambda A, x, out, **epi: fn(A, x, out, **epi)  # noqa: E731
+    else:
+        fn = family.launch
+        run = lambda A, x, out, **epi: fn(A, x, out, config, **epi)  # noqa: E731
+    fused = family is not None and family.prologue
+
+    def launch(A, x, out, bias, act, res, scale, prologue=None):
+        if prologue is None:
+            return run(A, x, out, bias=bias, activation=act, residual=res, scale=scale)
+        if fused:
+            return run(A, x, out, bias=bias, activation=act, residual=res, scale=scale, prologue=prologue)
+        from .kernels import prologue as pass_
+
+        return run(A, pass_.apply(x, *prologue), out, bias=bias, activation=act, residual=res, scale=scale)
+
+    return launch
 
 
 def _libraries(A) -> dict:
@@ -132,7 +158,7 @@ def _libraries(A) -> dict:
     return backends.library_backends(A) if A.device.type == "cuda" else {"dense": backends.dense_linear}
 
 
-def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale):
+def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale, prologue=None):
     """A call key seen for the first time: tune it, cache its launcher. A family may memoise
     layouts on the weight while the tuner measures (spmm_csr's banded ELL copy); its
     `release_unused` drops those that no config chosen for this weight reads."""
@@ -141,9 +167,9 @@ def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residu
         return launcher
 
     def tune_and_warm():
-        launcher = _tune_linear(A, st, key, x, out, bias, activation, residual, scale)
-        launcher(A, x, out, bias, activation, residual, scale)  # builds the chosen kernel's layouts here
-        return launcher
+        launch = _tune_linear(A, st, key, x, out, bias, activation, residual, scale, prologue)
+        launch(A, x, out, bias, activation, residual, scale, prologue)  # builds the chosen kernel's layouts here
+        return launch
 
     return outside_graph_pools(tune_and_warm, A.device)
 
@@ -175,29 +201,28 @@ def outside_graph_pools(fn, device: torch.device):
     return _worker.submit(run).result()
 
 
-def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale):
-    ours, library = linear_runs(A, x, out, bias, activation, residual, scale)
-    epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0)
+def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale, prologue):
+    ours, library = linear_runs(A, x, out, bias, activation, residual, scale, prologue)
+    epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0, _prologue_name(prologue))
     choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
-                    expected=lambda: reference.linear(x, A, bias, activation, residual, scale),
+                    expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
                     result=lambda y: y, layout=_layout(x))
     st.chosen[key] = choice
     for family in registry.families("linear", A):
         family.release_unused(A, [c.config for c in st.chosen.values() if c.backend == family.name])
-    family = registry.by_name(choice.backend)
-    if family is not None:
-        launch, cfg = family.launch, choice.config
-        launcher = lambda A, x, out, bias, act, res, scale: launch(  # noqa: E731
-            A, x, out, cfg, bias=bias, activation=act, residual=res, scale=scale)
-    else:
-        fn = _libraries(A)[choice.backend]
-        launcher = lambda A, x, out, bias, act, res, scale: fn(  # noqa: E731
-            A, x, out, bias=bias, activation=act, residual=res, scale=scale)
-    if family is not None and A.device.type == "cuda" and x.shape[0] <= GRAPH_MAX_TOKENS and residual is None \
-            and os.environ.get("SPARTUNE_GRAPHS", "1") != "0":
-        launcher = _graphed(launcher, key)
-    st.launchers[key] = launcher
-    return launcher
+    launch = launcher(A, choice.backend, choice.config)
+    if registry.by_name(choice.backend) is not None and A.device.type == "cuda" and x.shape[0] <= GRAPH_MAX_TOKENS \
+            and residual is None and prologue is None and os.environ.get("SPARTUNE_GRAPHS", "1") != "0":
+        launch = _graphed(launch, key)
+    st.launchers[key] = launch
+    return launch
+
+
+def _prologue_name(prologue) -> str | None:
+    """The prologue's part of the tuning key: "bias" or "bias+<activation>"."""
+    if prologue is None:
+        return None
+    return "bias" if prologue[1] is None else f"bias+{prologue[1]}"
 
 
 # --- decode calls replayed from CUDA graphs ------------------------------------------------------
@@ -211,7 +236,7 @@ def _graphed(launch, key):
     they live in a memo of its values version (an optimizer step captures them again)."""
     from .formats import memo
 
-    def run(A, x, out, bias, act, res, scale):
+    def run(A, x, out, bias, act, res, scale, prologue=None):  # (never given one: see _tune_linear)
         if not backends.replays_allowed():  # a caller's capture, or a torch operator: launch
             return launch(A, x, out, bias, act, res, scale)
         pool = memo(A, "_graphs", dict).setdefault((key, x.stride(), scale), [])
@@ -229,7 +254,9 @@ def _graphed(launch, key):
     return run
 
 
-def _dense_launcher(A, x, out, bias, act, res, scale):
+def _dense_launcher(A, x, out, bias, act, res, scale, prologue=None):
+    if prologue is not None:
+        x = apply_prologue(x, *prologue)
     return backends.dense_linear(A, x, out, bias=bias, activation=act, residual=res, scale=scale)
 
 

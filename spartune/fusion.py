@@ -82,15 +82,21 @@ def _activation_after(linear):
         if _calls(user, _LAYOUT_METHODS, _LAYOUT_FUNCTIONS) and user.args and user.args[0] is node:
             node = user
             continue
-        name = _ACTIVATIONS.get(user.target) if user.op == "call_function" else None
-        if name is None or len(user.args) != 1 or user.args[0] is not node:
-            return None
-        kwargs = dict(user.kwargs)
-        kwargs.pop("inplace", None)
-        if name == "gelu":
-            name = {"none": "gelu", "tanh": "gelu_tanh"}.get(kwargs.pop("approximate", "none"))
-        return (user, name, node) if name is not None and not kwargs else None
+        name = _activation_name(user)
+        return (user, name, node) if name is not None and user.args[0] is node else None
     return None
+
+
+def _activation_name(node):
+    """The epilogue name of an activation call on one tensor (in place or not), else None."""
+    name = _ACTIVATIONS.get(node.target) if node.op == "call_function" else None
+    if name is None or len(node.args) != 1:
+        return None
+    kwargs = dict(node.kwargs)
+    kwargs.pop("inplace", None)
+    if name == "gelu":
+        name = {"none": "gelu", "tanh": "gelu_tanh"}.get(kwargs.pop("approximate", "none"))
+    return name if not kwargs else None
 
 
 def _residual_of(add, linear):
@@ -189,6 +195,91 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
     return removed
 
 
+def fuse_prologues(graph: torch.fx.Graph) -> int:
+    """A linear whose x is a convolution's output passed through the convolution's bias and an
+    activation (MobileNet: depthwise 3x3, its folded batch norm, ReLU, then the pointwise
+    SparseConv2d) becomes spartune::linear_prologue: the convolution runs without its bias and
+    the sparse kernel applies act(x + bias) to x's tiles as it loads them, so the pass that
+    wrote act(conv + bias) back is gone. Returns how many linears were rewritten."""
+    fused = 0
+    for node in list(graph.nodes):
+        if not _is_linear(node) or _value(node) is None or _value(node).requires_grad:
+            continue
+        found = _biased_producer(node.args[0])
+        if found is None:
+            continue
+        conv, bias, act, name = found
+        conv.args = (*conv.args[:2], None, *conv.args[3:])
+        if act is not None:
+            act.replace_all_uses_with(act.args[0])
+            graph.erase_node(act)
+        with graph.inserting_before(node):
+            merged = graph.call_function(torch.ops.spartune.linear_prologue.default,
+                                         (node.args[0], bias, name, *node.args[1:]))
+        merged.meta.update(node.meta)
+        node.replace_all_uses_with(merged)
+        graph.erase_node(node)
+        fused += 1
+    return fused
+
+
+_CONVOLUTIONS = (torch.conv2d, torch.nn.functional.conv2d)
+
+
+def _biased_producer(x):
+    """(convolution, its bias, activation node or None, activation name) when x is
+    act(conv(..., bias)) through layout ops that leave the channels as x's last dimension,
+    each node the only user of the one before and x read by the linear alone; else None."""
+    node, act, name, chain = x, None, None, []
+    while len(node.users) == 1:
+        if _calls(node, _LAYOUT_METHODS, _LAYOUT_FUNCTIONS) and node.args and isinstance(node.args[0], torch.fx.Node):
+            chain.append(node)
+        elif act is None and _activation_name(node) is not None and isinstance(node.args[0], torch.fx.Node):
+            act, name = node, _activation_name(node)
+        else:
+            break
+        node = node.args[0]
+    conv = node
+    if not (len(conv.users) == 1 and conv.op == "call_function" and conv.target in _CONVOLUTIONS
+            and not conv.kwargs and len(conv.args) >= 3 and isinstance(conv.args[2], torch.fx.Node)):
+        return None
+    out, bias = _value(conv), _value(conv.args[2])
+    if out is None or bias is None or out.requires_grad or bias.dim() != 1:  # (no_grad: a Parameter is fine)
+        return None
+    if not _channels_end_last(conv, chain, x):
+        return None
+    return conv, conv.args[2], act, name
+
+
+def _channels_end_last(conv, chain, x) -> bool:
+    """Whether the convolution's channel dimension (1) is x's last after the layout ops (listed
+    from x back): permutes and transposes move it; a view or reshape keeps it only if it is
+    last on both sides (a row-major reshape keeps the index modulo the last size)."""
+    out = _value(conv)
+    channels, pos = out.shape[1], 1
+    for op in reversed(chain):
+        before, after = _value(op.args[0]), _value(op)
+        if before is None or after is None:
+            return False
+        name = op.target if op.op == "call_method" else op.target.__name__
+        args = op.args[1:]
+        if name == "permute":
+            dims = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+            dims = [d % before.dim() for d in dims]
+            pos = dims.index(pos)
+        elif name == "transpose":
+            d0, d1 = (d % before.dim() for d in args)
+            pos = d1 if pos == d0 else d0 if pos == d1 else pos
+        elif name == "contiguous":
+            continue
+        elif pos == before.dim() - 1 and after.dim() > 0 and after.shape[-1] == channels:
+            pos = after.dim() - 1
+        else:
+            return False
+    value = _value(x)
+    return value is not None and pos == value.dim() - 1 and value.shape[-1] == channels
+
+
 # ops whose output views their input (strides carried over), and the two that need strides to fit
 _VIEW_METHODS = {"unsqueeze", "squeeze", "transpose", "permute", "expand", "select", "narrow", "t", "unflatten",
                  "split", "chunk", "__getitem__", "view", "view_as", "as_strided"}
@@ -246,6 +337,7 @@ def _pass_type():
         def __call__(self, graph: torch.fx.Graph) -> None:
             merge_siblings(graph)
             fuse_epilogues(graph)
+            fuse_prologues(graph)
             for other in self.then:
                 other(graph)
 

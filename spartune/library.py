@@ -27,7 +27,7 @@ from torch import Tensor
 from . import ops
 from .dispatch import outside_graph_pools
 from .backends import direct_launches
-from .epilogue import apply_epilogue, check_activation
+from .epilogue import apply_epilogue, apply_prologue, check_activation
 from .formats import CSR, BlockSparse, SparseFormat, transposed
 from .formats.stack import stacked
 
@@ -113,6 +113,24 @@ def _output_like(x, rows: int, cols: int, out_dtype):
     if x.shape[-1] != cols:
         raise ValueError(f"x must have last dimension {cols}, got shape {tuple(x.shape)}")
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
+
+
+@_operator("linear_prologue(Tensor x, Tensor input_bias, str? input_activation, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
+def _linear_prologue(x: Tensor, input_bias: Tensor, input_activation: Optional[str], weight: list[Tensor], spec: str,
+                     bias: Optional[Tensor], activation: Optional[str], residual: Optional[Tensor], scale: float,
+                     out_dtype: Optional[torch.dtype]) -> Tensor:
+    """linear on input_activation(x + input_bias): what spartune.fusion writes where x is a
+    convolution's output passed through its bias and activation (no autograd: the pass leaves
+    graphs that record gradients alone)."""
+    with direct_launches():
+        y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype,
+                       input_bias=input_bias, input_activation=input_activation)
+    return y.contiguous()
+
+
+@_fake(_linear_prologue)
+def _(x, input_bias, input_activation, weight, spec, bias, activation, residual, scale, out_dtype):
+    return _output_like(x, *_shape(spec), out_dtype)
 
 
 @_operator("linear_stacked(Tensor x, Tensor[] weight, str[] specs, int[] counts, Tensor[] biases, ScalarType? out_dtype) -> Tensor")
@@ -329,17 +347,26 @@ def _records(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
 
 
-def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.0, out_dtype=None):
+def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.0, out_dtype=None,
+           input_bias=None, input_activation=None):
     """act(scale * x @ A^T + bias) + residual for x of shape (..., K): torch's F.linear layout.
 
     fp16/bf16 inputs accumulate in fp32; fp32 inputs run on the tensor cores as tf32; float64
     runs torch's dense product. Differentiable in x, A's values, bias and residual (the
-    pattern stays fixed), and traceable by torch.compile.
+    pattern stays fixed), and traceable by torch.compile. With `input_bias`, x is first taken
+    as input_activation(x + input_bias) (ops.linear; unfused where autograd records).
     """
-    grad = _records(x, getattr(A, "values", None), bias, residual)
+    grad = _records(x, getattr(A, "values", None), bias, residual, input_bias)
     if not grad and not torch.compiler.is_compiling():
-        return ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype)
+        return ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype, input_bias=input_bias,
+                          input_activation=input_activation)
     _check_format("linear", A, ("x", x))
+    if input_bias is not None or input_activation is not None:
+        ops.check_prologue(input_bias, input_activation, A.shape[1], A.device, A.dtype)
+        if not grad:
+            return _linear_prologue(x, input_bias, input_activation, A.tensor_list(), A.spec, bias, activation,
+                                    residual, float(scale), out_dtype)
+        x = apply_prologue(x, input_bias, input_activation)
     if not grad:
         return _linear(x, A.tensor_list(), A.spec, bias, activation, residual, float(scale), out_dtype)
     check_activation(activation)  # autograd differentiates the activation and residual as torch ops

@@ -70,11 +70,25 @@ def _check_epilogue_dtype(name, t, dtype):
         raise TypeError(f"{name} must be one of {list(allowed)} for a {dtype} weight, got {t.dtype}")
 
 
+def check_prologue(input_bias, input_activation, K: int, device, dtype) -> tuple:
+    """(input_bias at unit stride, input_activation) once both are checked: the prologue."""
+    if input_bias is None:
+        raise ValueError("input_activation needs input_bias (the prologue is act(x + input_bias))")
+    _check_tensor("input_bias", input_bias, device=device, dim=1, last=K)
+    _check_epilogue_dtype("input_bias", input_bias, dtype)
+    check_activation(input_activation)
+    return input_bias if input_bias.stride(0) == 1 else input_bias.contiguous(), input_activation
+
+
 # --- public ops ---------------------------------------------------------------------------------
-def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.0, out_dtype=None):
+def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.0, out_dtype=None,
+           input_bias=None, input_activation=None):
     """act(scale * x @ A^T + bias) + residual, for x of shape (..., K): torch's F.linear layout.
 
     fp16/bf16 inputs accumulate in fp32; fp32 inputs run on the tensor cores as tf32.
+    With `input_bias` (K,), x is first taken as input_activation(x + input_bias), in x's dtype:
+    the bias and activation of x's producer (a convolution), applied as x loads where the
+    tuned kernel can (x itself is not changed).
     """
     st = dispatch.state(A, _CHECKS["linear"])
     dtype, device, M, K = st.meta
@@ -97,14 +111,17 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
         _check_out_dtype(out_dtype, dtype)
     if scale != 1.0:
         scale = _check_scale(scale)
+    prologue = None if input_bias is None and input_activation is None else \
+        check_prologue(input_bias, input_activation, K, device, dtype)
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
     out = torch.empty((x2.shape[0], M), dtype=out_dtype or dtype, device=device)
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
     key = (x2.shape[0], dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
-           x2.stride(1) == 1)
-    launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x2, out, bias, activation, res2, scale)
-    out = launch(A, x2, out, bias, activation, res2, scale)
+           x2.stride(1) == 1, None if prologue is None else (prologue[0].dtype, input_activation))
+    launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x2, out, bias, activation, res2, scale,
+                                                           prologue)
+    out = launch(A, x2, out, bias, activation, res2, scale, prologue)
     return out if flat else out.reshape(*x.shape[:-1], M)
 
 
@@ -118,7 +135,7 @@ def spmm(A, X, *, out_dtype=None):
     _check_out_dtype(out_dtype, A.dtype)
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
     x, out = X.T, Y.T
-    key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1)
+    key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1, None)
     launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x, out, None, None, None, 1.0)
     got = launch(A, x, out, None, None, None, 1.0)
     if got.data_ptr() != Y.data_ptr():  # a library backend returned its own tensor

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import apply_epilogue
+from .epilogue import apply_epilogue, apply_prologue
 from .formats import SparseFormat
 
 # ||out - ref|| / ||ref|| a result may show against these references: fp16/bf16 storage with fp32
@@ -30,8 +30,12 @@ def spmm(A: SparseFormat, X: torch.Tensor) -> torch.Tensor:
     return A.to_dense().double() @ X.double()
 
 
-def linear(x, A: SparseFormat, bias=None, activation=None, residual=None, scale: float = 1.0) -> torch.Tensor:
-    """act(scale * x @ A^T + bias) + residual for x of shape (..., K), float64."""
+def linear(x, A: SparseFormat, bias=None, activation=None, residual=None, scale: float = 1.0,
+           prologue=None) -> torch.Tensor:
+    """act(scale * x' @ A^T + bias) + residual for x of shape (..., K), float64; x' = x, or for
+    prologue = (x_bias, act') act'(x + x_bias) rounded to x's dtype (as a producer stores it)."""
+    if prologue is not None:
+        x = apply_prologue(x, *prologue)
     acc = x.double() @ A.to_dense().double().T
     return apply_epilogue(
         acc,

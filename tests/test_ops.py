@@ -189,6 +189,30 @@ def test_linear_epilogues(monkeypatch, kind, which, epi):
     check_close(y, ref.linear(x, A, bias, act, res, scale), dtype)
 
 
+@pytest.mark.parametrize("act", [None, "relu", "gelu"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("shfl", "ours"), ("2:4", "dense"),
+                                        ("block", "dense")])
+def test_linear_input_prologue(monkeypatch, kind, which, layout, act):
+    """x -> act(x + input_bias) first: fused into the load (blocked), or a pass of its own
+    before the kernel (csr) or the library; the user's x is kept. K is padded in the block
+    kernel's last step here (K = 72), where act(0 + 0) must stay 0."""
+    k = 72
+    A = make_format(kind, torch.float16, k=k) if kind != "block" else st.BlockSparse.from_dense(
+        block_weight(M, k + 24, 16, 32, 0.5, gen=_gen(9))[:, :k].half(), (16, 32))
+    tuner = force(monkeypatch, backend_for(kind, which))
+    g = _gen(10)
+    x = torch.randn(k, 9, generator=g).half().T if layout == "transposed" else torch.randn(9, k, generator=g).half()
+    kept = x.clone()
+    x_bias = torch.randn(k, generator=g).half()
+    bias = torch.randn(M, generator=g).half()
+    y = st.linear(x, A, bias, "silu", input_bias=x_bias, input_activation=act)
+    assert chosen_backends(tuner) == {backend_for(kind, which)}
+    check_close(y, ref.linear(x, A, bias, "silu", prologue=(x_bias, act)), torch.float16)
+    assert torch.equal(x, kept)
+    assert rel_err(y, ref.linear(x, A, bias, "silu")) > 0.05  # the prologue changed the result
+
+
 @pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("shfl", "ours"), ("2:4", "dense")])
 def test_linear_batched_x(monkeypatch, kind, which):
     A = make_format(kind)
@@ -452,6 +476,15 @@ BAD_LINEAR = {
     "NM x dtype": (lambda: st.linear(x32.half(), NM32), TypeError, "dtype"),
     "scale str": (lambda: st.linear(x32, A32, scale="2"), TypeError, "scale must be a real number"),
     "scale None": (lambda: st.linear(x32, A32, scale=None), TypeError, "scale must be a real number"),
+    "input_bias length": (lambda: st.linear(x32, A32, input_bias=torch.randn(K - 1)), ValueError,
+                          "input_bias must have last dimension 64"),
+    "input_bias 2-D": (lambda: st.linear(x32, A32, input_bias=torch.randn(1, K)), ValueError, "input_bias must be 1-D"),
+    "input_bias int": (lambda: st.linear(x32, A32, input_bias=torch.ones(K, dtype=torch.long)), TypeError,
+                       "input_bias must be one of"),
+    "input_activation": (lambda: st.linear(x32, A32, input_bias=torch.randn(K), input_activation="tanh"), ValueError,
+                         "activation must be one of"),
+    "input_activation alone": (lambda: st.linear(x32, A32, input_activation="relu"), ValueError,
+                               "input_activation needs input_bias"),
 }
 
 BAD_OTHERS = {

@@ -1,7 +1,8 @@
-"""The fused epilogue in Triton, shared by every kernel family: act(scale * acc + bias) + residual.
+"""The fused epilogue in Triton, shared by every kernel family: act(scale * acc + bias) + residual;
+and the input prologue, act(x + x_bias[k]) applied to x's tiles as they are loaded.
 
 The activation codes follow ACTIVATION_CODES; each switch is a constexpr, so a kernel without
-bias or residual compiles without their loads.
+bias, residual or prologue compiles without their loads.
 """
 import triton
 import triton.language as tl
@@ -42,6 +43,14 @@ def activation(x, ACT: tl.constexpr):
     elif ACT == 4:
         x = x * tl.sigmoid(x)
     return x
+
+
+@triton.jit
+def prologue(xt, x_bias_ptr, k, k_ok, ACT: tl.constexpr):
+    """act(x + x_bias[k]) for a tile of x (`k` broadcasts against it), back in x's dtype for the
+    tensor cores. Every activation maps 0 to 0, so the zeros masked in past K stay zero."""
+    b = tl.load(x_bias_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+    return activation(xt.to(tl.float32) + b, ACT).to(xt.dtype)
 
 
 @triton.jit

@@ -28,7 +28,7 @@ from ..tune.problem import KernelFeatures, Problem
 
 # How each op calls a family's launch (dispatch binds the call's tensors this way).
 LAUNCH = {
-    "linear": "launch(A, x (N, K), out (N, M), config, *, bias, activation, residual, scale) -> out",
+    "linear": "launch(A, x (N, K), out (N, M), config, *, bias, activation, residual, scale[, prologue]) -> out",
     "sddmm": "launch(a (M, D), b (N, D), pattern, config, *, scale) -> values",
     "softmax": "launch(A, config, *, scale) -> values",
 }
@@ -53,6 +53,9 @@ class Family:
     formats: tuple[type[SparseFormat], ...]
     module_name: str
     language: str = "triton"  # "triton" | "cuda"
+    # linear: launch takes prologue=(x_bias, activation) and applies it to x's tiles as they
+    # load; for the others dispatch runs the prologue as a pass of its own first
+    prologue: bool = False
 
     def __post_init__(self):
         if self.op not in LAUNCH:
@@ -98,7 +101,7 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("blocked", "linear", (BlockSparse, ShuffledBlock), "spartune.kernels.spmm_blocked"),
+    Family("blocked", "linear", (BlockSparse, ShuffledBlock), "spartune.kernels.spmm_blocked", prologue=True),
     Family("csr", "linear", (CSR,), "spartune.kernels.spmm_csr"),
     Family("csr_smem", "linear", (CSR,), "spartune.kernels.spmm_csr_smem", language="cuda"),
     Family("nm", "linear", (NM, VNM), "spartune.kernels.spmm_nm", language="cuda"),

@@ -1,6 +1,7 @@
 """Tensor-core SpMM for BlockSparse and ShuffledBlock (Shfl-BW) weights, fused epilogue.
 
-out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual, in PyTorch's linear layout.
+out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual, in PyTorch's linear layout; x's tiles
+may pass through an input prologue, act(x + x_bias[k]), as they are loaded.
 A program owns one *unit* (a block-row of bm rows, or a Shfl-BW group of V rows) and a strip
 of BN tokens; it walks the unit's stored blocks (or chunks of BK kept columns), multiplying
 the dense (BM, BK) tile of A with the gathered (BK, BN) slice of x^T on the tensor cores.
@@ -21,16 +22,16 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._common import grouped_order
-from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store
+from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store, prologue
 
 
 @triton.jit
 def _blocked_spmm_kernel(
-    x_ptr, a_ptr, crow_ptr, col_ptr, perm_ptr, out_ptr, bias_ptr, res_ptr,
+    x_ptr, a_ptr, crow_ptr, col_ptr, perm_ptr, out_ptr, bias_ptr, res_ptr, x_bias_ptr,
     M, K, N, n_units, stride_xn, stride_xk, stride_on, stride_om, stride_rn, stride_rm, stride_a, scale,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
     SHUFFLED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, HAS_PRE: tl.constexpr, PRE_ACT: tl.constexpr,
 ):
     # Program order: GROUP units sweep all token strips together, so their A tiles and the
     # strips of x they share stay in L2.
@@ -52,6 +53,8 @@ def _blocked_spmm_kernel(
             cols = tl.load(col_ptr + kj, mask=k_ok, other=0).to(tl.int64)
             a = tl.load(a_ptr + offs_m[:, None] * stride_a + kj[None, :], mask=k_ok[None, :], other=0.0)
             xt = tl.load(x_strip + cols[:, None] * stride_xk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if HAS_PRE:
+                xt = prologue(xt, x_bias_ptr, cols[:, None], k_ok[:, None], PRE_ACT)
             acc = tl.dot(a, xt, acc)
     else:
         a_tile = a_ptr + start.to(tl.int64) * (BM * BK) + offs_m[:, None] * BK + offs_k[None, :]
@@ -64,6 +67,8 @@ def _blocked_spmm_kernel(
                 xt = tl.load(x_addr)
             else:
                 xt = tl.load(x_addr, mask=(kk[:, None] < K) & n_ok[None, :], other=0.0)
+            if HAS_PRE:
+                xt = prologue(xt, x_bias_ptr, kk[:, None], kk[:, None] < K, PRE_ACT)
             acc = tl.dot(a, xt, acc)
 
     slot = unit * BM + offs_m
@@ -75,10 +80,10 @@ def _blocked_spmm_kernel(
 
 @triton.jit
 def _blocked_spmm_tma_kernel(
-    x_desc, a_desc, out_desc, crow_ptr, col_ptr, bias_ptr, res_ptr,
-    M, N, n_units, stride_rn, stride_rm, scale,
+    x_desc, a_desc, out_desc, crow_ptr, col_ptr, bias_ptr, res_ptr, x_bias_ptr,
+    M, K, N, n_units, stride_rn, stride_rm, scale,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, PERSISTENT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, HAS_PRE: tl.constexpr, PRE_ACT: tl.constexpr,
 ):
     """BSR only, x and out K-/M-contiguous: tiles move by the tensor memory accelerator
     (TMA), which also zero-fills and clips the edges, so the loop carries no masks.
@@ -100,6 +105,9 @@ def _blocked_spmm_tma_kernel(
             c = tl.load(col_ptr + p)
             a = a_desc.load([p * BM, 0])
             xt = x_desc.load([n0, c * BK])
+            if HAS_PRE:
+                kk = c * BK + tl.arange(0, BK)
+                xt = prologue(xt, x_bias_ptr, kk[None, :], kk[None, :] < K, PRE_ACT)
             acc = tl.dot(a, xt.T, acc)
         feat = unit * BM + tl.arange(0, BM)
         offs_n = n0 + tl.arange(0, BN)
@@ -244,9 +252,12 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     )
 
 
-def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None, scale=1.0):
-    """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
+def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None, scale=1.0,
+           prologue=None):
+    """out = act(scale * x' @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides;
+    x' = x, or act'(x + x_bias) for prologue = (x_bias, act'), applied to x's tiles on load."""
     M, K, bm, n_units, shuffled, perm, stride_a, a_desc = _weight_args(A)
+    x_bias, pre_act = prologue if prologue is not None else (out, None)
     bk = config.bk if shuffled else A.block[1]
     N = x.shape[0]
     res = residual if residual is not None else out
@@ -258,21 +269,23 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
             grid = (min(grid[0], _sm_slots(x.device, config)),)
         _blocked_spmm_tma_kernel[grid](
             _descriptor(x, [config.bn, bk]), a_desc, _descriptor(out, [config.bn, bm]),
-            A.crow, A.col, bias if bias is not None else out, res,
-            M, N, n_units, res.stride(0), res.stride(1), float(scale),
+            A.crow, A.col, bias if bias is not None else out, res, x_bias,
+            M, K, N, n_units, res.stride(0), res.stride(1), float(scale),
             BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent,
             HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
+            HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         return out
     _blocked_spmm_kernel[grid](
         x, A.values, A.crow, A.col, perm, out,
-        bias if bias is not None else out, res,
+        bias if bias is not None else out, res, x_bias,
         M, K, N, n_units, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
         stride_a, float(scale),
         BM=bm, BN=config.bn, BK=bk, GROUP=config.group,
         SHUFFLED=shuffled, EVEN_K=K % bk == 0, EVEN_N=N % config.bn == 0,
         HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
+        HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

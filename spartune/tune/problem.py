@@ -19,9 +19,12 @@ class Epilogue:
     activation: str | None = None
     residual: bool = False
     scale: bool = False  # a scale other than 1
+    prologue: str | None = None  # x -> act(x + x_bias) on load: "bias" or "bias+<activation>"
 
     def signature(self) -> str:
         parts = [p for p, on in (("bias", self.bias), (self.activation, bool(self.activation)), ("res", self.residual), ("scale", self.scale)) if on]
+        if self.prologue:
+            parts.insert(0, f"pre:{self.prologue}")
         return "+".join(parts) or "none"
 
 

@@ -68,3 +68,36 @@ def test_spmm_layout_through_strided_views(tma):
     Y = torch.full((512, 100), float("nan"), device="cuda", dtype=torch.float16)
     K.launch(A, X.T, Y.T, K.Config(64, 64, 4, 3, 8, tma))
     assert rel(Y, ref.spmm(A, X)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pattern", ["block:64", "shfl:64"])
+@pytest.mark.parametrize("act", ["relu", None])
+def test_input_prologue_on_every_load_path(dtype, pattern, act):
+    """act(x + x_bias) applied as x loads, by the TMA, persistent and pointer paths (K = 1000:
+    the last block runs past K, where the prologue must leave the zero padding at zero)."""
+    M, Kd, N = 512, 1000, 300
+    A = random_format(pattern, M, Kd, 0.3, dtype)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    x_bias = torch.randn(Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    expect = ref.linear(x, A, bias, "relu", prologue=(x_bias, act))
+    configs = K.space(Problem("linear", A.signature, M, Kd, N, str(dtype).split(".")[1], A.stats()))
+    picked = {(c.tma, c.persistent): c for c in configs}.values()  # one config of each load path
+    for cfg in picked:
+        out = torch.full((N, M), float("nan"), device="cuda", dtype=dtype)
+        K.launch(A, x, out, cfg, bias=bias, activation="relu", prologue=(x_bias, act))
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) < TOL[dtype], cfg
+
+
+def test_input_prologue_pass_for_the_other_backends():
+    """The pass that runs the prologue before a kernel that does not fuse it (csr, N:M, cuBLAS)."""
+    from spartune.epilogue import apply_prologue
+    from spartune.kernels import prologue
+
+    x = torch.randn(1000, 300, device="cuda", dtype=torch.float16)[:, :250]  # strided rows
+    x_bias = torch.randn(250, device="cuda", dtype=torch.float16)
+    for act in (None, "relu", "gelu"):
+        got = prologue.apply(x, x_bias, act)
+        torch.testing.assert_close(got, apply_prologue(x, x_bias, act), atol=2e-3, rtol=2e-3)

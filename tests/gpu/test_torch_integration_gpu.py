@@ -143,3 +143,39 @@ def test_epilogue_fusion_under_inductor(pattern, sparsity, dtype, act, monkeypat
     expect = h.double() + fn(h.double() @ wu.T + block.up.bias.double()) @ wd.T
     assert counted == [2]
     assert rel_err(y, expect) < TOL
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+def test_prologue_fusion_in_a_separable_block_under_cuda_graphs(pattern, sparsity, dtype, monkeypatch):
+    """MobileNet's block, depthwise 3x3 + bias + ReLU then a sparse pointwise convolution + ReLU,
+    compiled with CUDA graphs: the pass moves the depthwise bias and ReLU into the SpMM's load
+    (a pass of its own before the kernels that do not fuse it); the output matches the float64
+    reference of the pruned block, on a second input too (replayed)."""
+    from spartune import fusion
+
+    torch.manual_seed(0)
+    c, out = 96, 160
+    block = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c), nn.ReLU(inplace=True), nn.Conv2d(c, out, 1),
+                          nn.ReLU(inplace=True)).to("cuda", dtype).eval()
+    st.sparsify(block, pattern, sparsity)
+    counted = []
+    real = fusion.fuse_prologues
+    monkeypatch.setattr(fusion, "fuse_prologues", lambda g: counted.append(real(g)) or counted[-1])
+    import torch._inductor.config as inductor
+
+    def expect(x):
+        dw = block[0]
+        h = F.relu(F.conv2d(x.double(), dw.weight.double(), dw.bias.double(), padding=1, groups=c))
+        h = h.to(dtype).double()  # the pass's rounding, which the kernel reproduces on load
+        w = block[2].weight.to_dense().double()
+        return F.relu(torch.einsum("bchw,oc->bohw", h, w) + block[2].bias.double()[:, None, None])
+
+    with torch.no_grad(), inductor.patch(force_disable_caches=True):
+        compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+        for seed in range(3):
+            x = torch.randn(4, c, 14, 14, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(seed))
+            x = x.to(memory_format=torch.channels_last)
+            y = compiled(x)
+            assert rel_err(y, expect(x)) < TOL, seed
+    assert counted == [1]

@@ -307,3 +307,70 @@ def test_siblings_review_cases():
             torch._dynamo.reset()
             out, removed, _ = merged_graph(fn, h)
             assert removed == 0
+
+
+# --- a convolution's bias and activation, applied as the sparse kernel loads x -----------------------
+
+def prologue_graph(fn, *args):
+    """fn compiled with the epilogue then the prologue pass: (output, prologues fused, whether a
+    convolution still carries its bias)."""
+    seen = {}
+
+    def backend(gm, inputs):
+        fusion.fuse_epilogues(gm.graph)
+        seen["fused"] = fusion.fuse_prologues(gm.graph)
+        gm.recompile()
+        seen["biased"] = any(n.target is torch.conv2d and n.args[2] is not None for n in gm.graph.nodes)
+        return gm.forward
+
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return out, seen["fused"], seen["biased"]
+
+
+def separable(pattern="block:16", act=nn.ReLU(inplace=True), channels=16):
+    """MobileNet's block: depthwise 3x3 with bias, activation, pointwise SparseConv2d (+ ReLU)."""
+    from spartune.nn import SparseConv2d
+
+    torch.manual_seed(4)
+    depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+    pointwise = SparseConv2d.from_conv(nn.Conv2d(channels, 32, 1), pattern, 0.5)
+    return nn.Sequential(depthwise, *([act] if act is not None else []), pointwise, nn.ReLU(inplace=True))
+
+
+@pytest.mark.parametrize("pattern", ["block:16", "csr"])
+@pytest.mark.parametrize("act", [nn.ReLU(inplace=True), nn.ReLU(), nn.SiLU(), None], ids=["relu_", "relu", "silu", "none"])
+def test_a_convolutions_bias_and_activation_move_into_the_linear(pattern, act):
+    block = separable(pattern, act)
+    x = torch.randn(2, 16, 5, 6).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expect = block(x.clone())
+        out, fused, biased = prologue_graph(block, x)
+    assert (fused, biased) == (1, False)
+    torch.testing.assert_close(out, expect, **TOL)
+
+
+def test_prologue_left_alone_where_not_exact():
+    """The convolution's output read twice, the channels not x's last dimension (a linear over
+    the image's width, equal to the channel count here), gradients recorded: nothing moves."""
+    block = separable()
+    depthwise, pointwise = block[0], block[2]
+    x = torch.randn(2, 16, 5, 6).to(memory_format=torch.channels_last)
+    width = SparseLinear.from_linear(nn.Linear(16, 8), "block:16", 0.5)
+    read_twice = lambda x: (lambda y: pointwise(F.relu(y)) + y.sum())(depthwise(x))  # noqa: E731
+    with torch.no_grad():
+        out, fused, biased = prologue_graph(read_twice, x)
+        assert (fused, biased) == (0, True)
+        torch.testing.assert_close(out, read_twice(x), **TOL)
+    wide = torch.randn(2, 16, 5, 16).to(memory_format=torch.channels_last)  # W == C
+    over_width = lambda x: width(F.relu(depthwise(x)))  # noqa: E731 (a linear over W, not C)
+    with torch.no_grad():
+        out, fused, biased = prologue_graph(over_width, wide)
+        assert (fused, biased) == (0, True)
+        torch.testing.assert_close(out, over_width(wide), **TOL)
+        moved = lambda x: width(F.relu(depthwise(x)).permute(0, 2, 1, 3))  # noqa: E731 (still W last)
+        out, fused, biased = prologue_graph(moved, wide)
+        assert (fused, biased) == (0, True)
+        torch.testing.assert_close(out, moved(wide), **TOL)
+    depthwise.requires_grad_(True)
+    out, fused, biased = prologue_graph(block, x)
+    assert (fused, biased) == (0, True)
