@@ -1,7 +1,10 @@
 """The fused epilogue's activations, elementwise, against float64 references: GELU's
 branch-free normal CDF (kernels/_epilogue.py) must stay at fp32 accuracy over the whole range,
 tails included, where GELU's output is tiny and only a relative error shows."""
+import inspect
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,3 +47,22 @@ def check_activation(name, device="cpu"):
 @pytest.mark.parametrize("name", list(REFERENCES))
 def test_activation_matches_float64(name):
     check_activation(name)
+
+
+def _constants(code: str) -> list[float]:
+    """The numbers of a function's code, comments dropped (1 and 0 are written differently in C)."""
+    code = re.sub(r"(#|//).*", "", code)
+    return [v for v in map(float, re.findall(r"-?\d+\.\d+(?:e-?\d+)?", code)) if v not in (0.0, 1.0)]
+
+
+def test_cuda_epilogue_uses_the_same_normal_cdf():
+    """The NVRTC families' epilogue (kernels/cuda/src/epilogue.cuh) repeats _normal_cdf in CUDA:
+    the GPU tests check each against float64, this keeps the two from drifting apart."""
+    from spartune.kernels import _epilogue
+
+    python_side = inspect.getsource(_epilogue._normal_cdf.fn)
+    cuh = (Path(_epilogue.__file__).parent / "cuda" / "src" / "epilogue.cuh").read_text()
+    cuda_side = cuh[cuh.index("float normal_cdf("):]
+    cuda_side = cuda_side[:cuda_side.index("\n}\n")]
+    ours = _constants(python_side[python_side.index('"""', python_side.index('"""') + 3):])  # after the docstring
+    assert len(ours) == 8 and _constants(cuda_side) == ours
