@@ -1,8 +1,14 @@
 """What the kernel families share: Triton helpers (program order, Sputnik's row swizzle) and
-the host side's power-of-two rounding and scratch buffers."""
+the host side's power-of-two rounding, scratch buffers and the cached launch."""
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
 
 
 def next_pow2(n) -> int:
@@ -15,6 +21,49 @@ def dot_precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
+
+
+_LAUNCH_CACHE_SIZE = 256  # specialisations kept per cache (one weight's distinct call shapes)
+
+
+def launch_cached(cache: dict, key, kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
+    """kernel[grid](*args, **constexprs), calling the compiled kernel directly once `key` has
+    been launched. Triton re-derives every argument's specialisation on each launch: ~27 us of a
+    ~37 us launch on the H100 machine's host, more than many of our kernels run
+    (benchmarks/LOG.md). The caller knows which arguments can change, so `key` must fix every
+    constexpr and launch option, every dtype, each pointer's 16-byte alignment and each int
+    argument's value (Triton specialises ints equal to 1 or divisible by 16). `constexprs` holds
+    the keyword arguments, launch options (num_warps, num_stages) last."""
+    if INTERPRETED:
+        kernel[grid](*args, **constexprs)
+        return
+    device = driver.active.get_current_device()
+    hit = cache.get((device, key))
+    if hit is None:
+        compiled = kernel[grid](*args, **constexprs)
+        if len(cache) >= _LAUNCH_CACHE_SIZE:
+            cache.clear()
+        tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
+        cache[(device, key)] = (compiled, tail)
+        return
+    compiled, tail = hit
+    stream = driver.active.get_current_stream(device)
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _hooked(enter) or _hooked(exit_):  # a profiler's hooks see the launch as Triton's own would show it
+        meta = compiled.launch_metadata(grid, stream, *args, *tail)
+    else:
+        enter = exit_ = meta = None
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                 compiled.function, compiled.packed_metadata, meta, enter, exit_, *args, *tail)
+
+
+def _hooked(chain) -> bool:
+    return chain is not None and bool(getattr(chain, "calls", True))
+
+
+def align16(t: torch.Tensor) -> bool:
+    """Whether Triton specialises t's pointer as 16-byte aligned (part of a launch_cached key)."""
+    return t.data_ptr() % 16 == 0
 
 
 RETIRED: list = []  # buffers outgrown by a larger call: CUDA graphs captured earlier still use them

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
-from ._common import grouped_order
+from ._common import align16, grouped_order, launch_cached
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store, prologue
 
 
@@ -264,30 +264,34 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     grid = (n_units * triton.cdiv(N, config.bn),)
     if grid[0] == 0:
         return out
+    has_bias, has_res = bias is not None, residual is not None
+    bias = bias if has_bias else out
+    flags = dict(HAS_BIAS=has_bias, ACT=ACTIVATION_CODES[activation], HAS_RES=has_res,
+                 HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
+                 num_warps=config.num_warps, num_stages=config.num_stages)
+    # what specialises the kernel beyond the weight (fixed per A) and the config
+    key = (config, N, out.dtype, bias.dtype, res.dtype, x_bias.dtype, x.stride(0), x.stride(1), out.stride(0),
+           out.stride(1), res.stride(0), res.stride(1), align16(x), align16(out), align16(bias), align16(res),
+           align16(x_bias), *flags.values())
+    cache = A.__dict__.get("_blocked_launches")
+    if cache is None:
+        cache = {}
+        object.__setattr__(A, "_blocked_launches", cache)
     if config.tma and a_desc is not None and _tma_ready(x) and _tma_ready(out):
         if config.persistent:
             grid = (min(grid[0], _sm_slots(x.device, config)),)
-        _blocked_spmm_tma_kernel[grid](
+        launch_cached(cache, ("tma", grid, *key), _blocked_spmm_tma_kernel, grid, (
             _descriptor(x, [config.bn, bk]), a_desc, _descriptor(out, [config.bn, bm]),
-            A.crow, A.col, bias if bias is not None else out, res, x_bias,
+            A.crow, A.col, bias, res, x_bias,
             M, K, N, n_units, res.stride(0), res.stride(1), float(scale),
-            BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent,
-            HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
-            HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )
+        ), dict(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent, **flags))
         return out
-    _blocked_spmm_kernel[grid](
-        x, A.values, A.crow, A.col, perm, out,
-        bias if bias is not None else out, res, x_bias,
+    launch_cached(cache, (grid, *key), _blocked_spmm_kernel, grid, (
+        x, A.values, A.crow, A.col, perm, out, bias, res, x_bias,
         M, K, N, n_units, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
         stride_a, float(scale),
-        BM=bm, BN=config.bn, BK=bk, GROUP=config.group,
-        SHUFFLED=shuffled, EVEN_K=K % bk == 0, EVEN_N=N % config.bn == 0,
-        HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
-        HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    ), dict(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, SHUFFLED=shuffled, EVEN_K=K % bk == 0,
+            EVEN_N=N % config.bn == 0, **flags))
     return out
 
 

@@ -101,3 +101,34 @@ def test_input_prologue_pass_for_the_other_backends():
     for act in (None, "relu", "gelu"):
         got = prologue.apply(x, x_bias, act)
         torch.testing.assert_close(got, apply_prologue(x, x_bias, act), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_cached_launches_follow_each_call(tma):
+    """launch() calls the compiled kernel directly once a specialisation has run
+    (kernels/_common.launch_cached): every change that re-specialises the kernel must launch the
+    right compiled variant. Calls alternate between misaligned and aligned x, strided x, another
+    out dtype, with and without bias and residual, and token counts (including ones divisible by
+    16 and not), each against the float64 reference with the output poisoned first."""
+    dtype = torch.float16
+    A = random_format("block:64", 512, 384, 0.3, dtype)
+    cfg = K.Config(bn=64, bk=64, num_warps=4, num_stages=2, group=8, tma=tma)
+    bias = torch.randn(512, device="cuda", dtype=dtype)
+    cases = []
+    for N in (64, 77, 64, 1, 64):
+        for view in ("plain", "offset", "strided", "plain"):
+            for out_dtype, with_bias, with_res in ((dtype, True, False), (torch.float32, False, True), (dtype, True, False)):
+                cases.append((N, view, out_dtype, with_bias, with_res))
+    for N, view, out_dtype, with_bias, with_res in cases + cases[::-1]:
+        base = torch.randn(N + 1, 384 * 2 + 8, device="cuda", dtype=dtype)
+        x = {"plain": base[:N, :384].contiguous(), "offset": base[1:, 1:385],  # 2-byte aligned rows
+             "strided": base[:N, ::2][:, :384]}[view]
+        res = torch.randn(N, 512, device="cuda", dtype=out_dtype) if with_res else None
+        b = bias if with_bias else None
+        expect = ref.linear(x, A, b, "relu", res, 1.0)
+        out = torch.full((N, 512), float("nan"), device="cuda", dtype=out_dtype)
+        K.launch(A, x, out, cfg, bias=b, activation="relu", residual=res)
+        case = (N, view, out_dtype, with_bias, with_res)
+        assert not out.isnan().any(), case
+        assert rel(out, expect) < TOL[dtype], case
+    assert A.__dict__["_blocked_launches"], "the direct path was never taken"
