@@ -2,8 +2,6 @@
 SpMM paths (spmm_csr "dense" and "expand") and SDDMM's dense path."""
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -11,6 +9,7 @@ from triton.language.extra import libdevice
 
 from ..formats import CSR
 from ..formats import PATTERN_CACHES
+from ._common import INTERPRETED
 
 # ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
 # (2 per instruction, as an FMA counts 2): ~14 SASS instructions per element on sm_90 (bit test,
@@ -52,7 +51,7 @@ def csr_bitmap(A: CSR) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Triton's interpreter (CPU tests) has no popc; it runs the same arithmetic with a SWAR popcount.
-HW_POPC = os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True")
+HW_POPC = not INTERPRETED
 
 
 @triton.jit

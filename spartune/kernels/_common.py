@@ -1,14 +1,12 @@
 """What the kernel families share: Triton helpers (program order, Sputnik's row swizzle) and
 the host side's power-of-two rounding, scratch buffers and the cached launch."""
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
+INTERPRETED = knobs.runtime.interpret  # kernels run under Triton's interpreter (CPU tests)
 
 
 def next_pow2(n) -> int:
@@ -26,14 +24,28 @@ def dot_precision(dtype: torch.dtype) -> str:
 _LAUNCH_CACHE_SIZE = 256  # specialisations kept per cache (one weight's distinct call shapes)
 
 
-def launch_cached(cache: dict, key, kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
+class LaunchCache(dict):
+    """launch_cached's memory, kept on a weight's format object: a copied or pickled format
+    starts empty (compiled kernels belong to this process)."""
+
+    def __reduce__(self):
+        return LaunchCache, ()
+
+    def __deepcopy__(self, memo):
+        return LaunchCache()
+
+
+def launch_cached(cache: LaunchCache, key, kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
     """kernel[grid](*args, **constexprs), calling the compiled kernel directly once `key` has
     been launched. Triton re-derives every argument's specialisation on each launch: ~27 us of a
     ~37 us launch on the H100 machine's host, more than many of our kernels run
     (benchmarks/LOG.md). The caller knows which arguments can change, so `key` must fix every
     constexpr and launch option, every dtype, each pointer's 16-byte alignment and each int
     argument's value (Triton specialises ints equal to 1 or divisible by 16). `constexprs` holds
-    the keyword arguments, launch options (num_warps, num_stages) last."""
+    the keyword arguments, launch options (num_warps, num_stages) last. A direct launch skips
+    what Triton checks per call beyond the arguments (pre-run hooks, changed globals, debug
+    knobs): none of which spartune sets. The cache holds up to 256 specialisations and then
+    starts over, so a stream of new token counts costs Triton's own launch, no more."""
     if INTERPRETED:
         kernel[grid](*args, **constexprs)
         return
@@ -41,6 +53,8 @@ def launch_cached(cache: dict, key, kernel, grid: tuple, args: tuple, constexprs
     hit = cache.get((device, key))
     if hit is None:
         compiled = kernel[grid](*args, **constexprs)
+        if compiled is None:  # a cache hook declined to compile: nothing to remember
+            return
         if len(cache) >= _LAUNCH_CACHE_SIZE:
             cache.clear()
         tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])

@@ -4,17 +4,17 @@ and the input prologue, act(x + x_bias[k]) applied to x's tiles as they are load
 The activation codes follow ACTIVATION_CODES; each switch is a constexpr, so a kernel without
 bias, residual or prologue compiles without their loads.
 """
-import os
-
 import triton
 import triton.language as tl
+
+from ._common import INTERPRETED
 
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
 # Compiled for the GPU, exp2 and 1/x are one MUFU instruction each (ex2/rcp.approx.ftz: ~2 ulp);
 # Triton's own add range checks and scaling around them. The interpreter has no inline asm.
-_MUFU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True"))
+_MUFU = tl.constexpr(not INTERPRETED)
 
 
 @triton.jit

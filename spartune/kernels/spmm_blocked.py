@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..formats import BlockSparse, ShuffledBlock
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
-from ._common import align16, grouped_order, launch_cached
+from ._common import LaunchCache, align16, grouped_order, launch_cached
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store, prologue
 
 
@@ -270,12 +270,12 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
                  HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
                  num_warps=config.num_warps, num_stages=config.num_stages)
     # what specialises the kernel beyond the weight (fixed per A) and the config
-    key = (config, N, out.dtype, bias.dtype, res.dtype, x_bias.dtype, x.stride(0), x.stride(1), out.stride(0),
-           out.stride(1), res.stride(0), res.stride(1), align16(x), align16(out), align16(bias), align16(res),
-           align16(x_bias), *flags.values())
+    key = (config, N, x.dtype, out.dtype, bias.dtype, res.dtype, x_bias.dtype, A.values.dtype, x.stride(0),
+           x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1), align16(x), align16(out),
+           align16(bias), align16(res), align16(x_bias), align16(A.values), *flags.values())
     cache = A.__dict__.get("_blocked_launches")
     if cache is None:
-        cache = {}
+        cache = LaunchCache()
         object.__setattr__(A, "_blocked_launches", cache)
     if config.tma and a_desc is not None and _tma_ready(x) and _tma_ready(out):
         if config.persistent:

@@ -107,28 +107,44 @@ def test_input_prologue_pass_for_the_other_backends():
 def test_cached_launches_follow_each_call(tma):
     """launch() calls the compiled kernel directly once a specialisation has run
     (kernels/_common.launch_cached): every change that re-specialises the kernel must launch the
-    right compiled variant. Calls alternate between misaligned and aligned x, strided x, another
-    out dtype, with and without bias and residual, and token counts (including ones divisible by
-    16 and not), each against the float64 reference with the output poisoned first."""
+    right compiled variant. Calls alternate between x contiguous, aligned with a wide row pitch,
+    misaligned with the same pitch, and strided; out, bias and residual aligned or not; two out
+    dtypes; with and without bias and residual; token counts divisible by 16 and not, and 1.
+    Each against the float64 reference with the output poisoned first."""
     dtype = torch.float16
     A = random_format("block:64", 512, 384, 0.3, dtype)
     cfg = K.Config(bn=64, bk=64, num_warps=4, num_stages=2, group=8, tma=tma)
-    bias = torch.randn(512, device="cuda", dtype=dtype)
+
+    def misaligned(shape, dt, fill=None):  # a view 2 bytes past a 16-byte boundary
+        flat = torch.randn(int(torch.tensor(shape).prod()) + 1, device="cuda").to(dt)
+        if fill is not None:
+            flat.fill_(fill)
+        return flat[1:].view(shape)
+
     cases = []
     for N in (64, 77, 64, 1, 64):
-        for view in ("plain", "offset", "strided", "plain"):
-            for out_dtype, with_bias, with_res in ((dtype, True, False), (torch.float32, False, True), (dtype, True, False)):
-                cases.append((N, view, out_dtype, with_bias, with_res))
-    for N, view, out_dtype, with_bias, with_res in cases + cases[::-1]:
+        for view in ("plain", "wide", "offset", "strided", "plain"):
+            for out_dtype, with_bias, with_res, aligned in ((dtype, True, False, True), (torch.float32, False, True, True),
+                                                            (dtype, True, True, False), (dtype, True, False, True)):
+                cases.append((N, view, out_dtype, with_bias, with_res, aligned))
+    calls = 0
+    for N, view, out_dtype, with_bias, with_res, aligned in cases + cases[::-1]:
         base = torch.randn(N + 1, 384 * 2 + 8, device="cuda", dtype=dtype)
-        x = {"plain": base[:N, :384].contiguous(), "offset": base[1:, 1:385],  # 2-byte aligned rows
+        x = {"plain": base[:N, :384].contiguous(), "wide": base[:N, :384], "offset": base[1:, 1:385],
              "strided": base[:N, ::2][:, :384]}[view]
-        res = torch.randn(N, 512, device="cuda", dtype=out_dtype) if with_res else None
-        b = bias if with_bias else None
+        if aligned:
+            res = torch.randn(N, 512, device="cuda", dtype=out_dtype) if with_res else None
+            b = torch.randn(512, device="cuda", dtype=dtype) if with_bias else None
+            out = torch.full((N, 512), float("nan"), device="cuda", dtype=out_dtype)
+        else:
+            res = misaligned((N, 512), out_dtype) if with_res else None
+            b = misaligned((512,), dtype) if with_bias else None
+            out = misaligned((N, 512), out_dtype, fill=float("nan"))
         expect = ref.linear(x, A, b, "relu", res, 1.0)
-        out = torch.full((N, 512), float("nan"), device="cuda", dtype=out_dtype)
         K.launch(A, x, out, cfg, bias=b, activation="relu", residual=res)
-        case = (N, view, out_dtype, with_bias, with_res)
+        calls += 1
+        case = (N, view, out_dtype, with_bias, with_res, aligned)
         assert not out.isnan().any(), case
         assert rel(out, expect) < TOL[dtype], case
-    assert A.__dict__["_blocked_launches"], "the direct path was never taken"
+    # every launch past the first of its specialisation went the direct way
+    assert 0 < len(A.__dict__["_blocked_launches"]) < calls // 3

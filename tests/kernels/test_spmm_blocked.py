@@ -106,3 +106,22 @@ def test_wrong_format_is_refused():
     A = st.CSR.from_dense(torch.eye(8))
     with pytest.raises(TypeError, match="BlockSparse or ShuffledBlock"):
         K.launch(A, torch.randn(2, 8), torch.empty(2, 8), CONFIGS["block-ptr"][1])
+
+
+def test_a_format_with_launches_cached_copies_and_pickles_without_them():
+    """The direct-launch cache (compiled kernels, which cannot be copied) rides on the format
+    object: a deep copy or a pickle of a layer that has run must still work, and start empty."""
+    import copy
+    import pickle
+    import threading
+
+    from spartune.kernels._common import LaunchCache
+
+    layer = st.SparseLinear.from_linear(torch.nn.Linear(128, 64), "block:32", 0.5)
+    cache = LaunchCache({("device", "key"): (threading.Lock(), ())})  # stands in for a CompiledKernel
+    object.__setattr__(layer.weight, "_blocked_launches", cache)
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert clone.weight.__dict__.get("_blocked_launches", LaunchCache()) == {}
+        x = torch.randn(3, 128)
+        torch.testing.assert_close(clone(x), layer(x))
+    assert layer.weight.__dict__["_blocked_launches"] is cache and cache
