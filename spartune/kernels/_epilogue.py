@@ -20,7 +20,7 @@ _MUFU = tl.constexpr(not INTERPRETED)
 @triton.jit
 def _exp2(x):
     if _MUFU:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x.to(tl.float32)], dtype=tl.float32,
                                          is_pure=True, pack=1)
     else:
         return tl.exp2(x)
@@ -29,7 +29,7 @@ def _exp2(x):
 @triton.jit
 def _rcp(x):
     if _MUFU:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x.to(tl.float32)], dtype=tl.float32,
                                          is_pure=True, pack=1)
     else:
         return 1.0 / x
