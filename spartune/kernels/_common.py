@@ -35,33 +35,35 @@ class LaunchCache(dict):
         return LaunchCache()
 
 
-def launch_cached(cache: LaunchCache, key, kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
-    """kernel[grid](*args, **constexprs), calling the compiled kernel directly once `key` has
-    been launched. Triton re-derives every argument's specialisation on each launch: ~27 us of a
-    ~37 us launch on the H100 machine's host, more than many of our kernels run
-    (benchmarks/LOG.md). The caller knows which arguments can change, so `key` must fix every
-    constexpr and launch option, every dtype, each pointer's 16-byte alignment and each int
-    argument's value (Triton specialises ints equal to 1 or divisible by 16). `constexprs` holds
-    the keyword arguments, launch options (num_warps, num_stages) last. A direct launch skips
-    what Triton checks per call beyond the arguments (pre-run hooks, changed globals, debug
-    knobs): none of which spartune sets. The cache holds up to 256 specialisations and then
-    starts over, so a stream of new token counts costs Triton's own launch, no more."""
+def launch_cached(cache: LaunchCache, key, kernel, grid: tuple, args: tuple, constexprs) -> None:
+    """kernel[grid](*args, **constexprs()), calling the compiled kernel directly once `kernel`
+    has been launched with `key`. Triton re-derives every argument's specialisation on each
+    launch: ~27 us of a ~37 us launch on the H100 machine's host, more than many of our kernels
+    run (benchmarks/LOG.md). The caller knows which arguments can change, so `key` must fix
+    every constexpr and launch option, every dtype, each pointer's 16-byte alignment and each
+    int argument's value (Triton specialises ints equal to 1 or divisible by 16); the grid is
+    not part of it. `constexprs()` gives the keyword arguments, launch options (num_warps,
+    num_stages) last: it is called on a miss only, so a hit builds nothing. A direct launch
+    skips what Triton checks per call beyond the arguments (pre-run hooks, changed globals,
+    debug knobs), none of which spartune sets. The cache holds up to 256 specialisations and
+    then starts over, so a stream of new token counts costs Triton's own launch, no more."""
     if INTERPRETED:
-        kernel[grid](*args, **constexprs)
+        kernel[grid](*args, **constexprs())
         return
-    device = driver.active.get_current_device()
-    hit = cache.get((device, key))
+    full_key = (driver.active.get_current_device(), kernel.fn, key)  # the plain function: an identity hash
+    hit = cache.get(full_key)
     if hit is None:
-        compiled = kernel[grid](*args, **constexprs)
+        kwargs = constexprs()
+        compiled = kernel[grid](*args, **kwargs)
         if compiled is None:  # a cache hook declined to compile: nothing to remember
             return
         if len(cache) >= _LAUNCH_CACHE_SIZE:
             cache.clear()
-        tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
-        cache[(device, key)] = (compiled, tail)
+        tail = tuple(kwargs[name] for name in kernel.arg_names[len(args):])
+        cache[full_key] = (compiled, tail)
         return
     compiled, tail = hit
-    stream = driver.active.get_current_stream(device)
+    stream = driver.active.get_current_stream(full_key[0])
     enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     if _hooked(enter) or _hooked(exit_):  # a profiler's hooks see the launch as Triton's own would show it
         meta = compiled.launch_metadata(grid, stream, *args, *tail)

@@ -264,34 +264,38 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     grid = (n_units * triton.cdiv(N, config.bn),)
     if grid[0] == 0:
         return out
-    has_bias, has_res = bias is not None, residual is not None
+    has_bias, has_res, has_pre = bias is not None, residual is not None, prologue is not None
     bias = bias if has_bias else out
-    flags = dict(HAS_BIAS=has_bias, ACT=ACTIVATION_CODES[activation], HAS_RES=has_res,
-                 HAS_PRE=prologue is not None, PRE_ACT=ACTIVATION_CODES[pre_act],
-                 num_warps=config.num_warps, num_stages=config.num_stages)
-    # what specialises the kernel beyond the weight (fixed per A) and the config
-    key = (config, N, x.dtype, out.dtype, bias.dtype, res.dtype, x_bias.dtype, A.values.dtype, x.stride(0),
-           x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1), align16(x), align16(out),
-           align16(bias), align16(res), align16(x_bias), align16(A.values), *flags.values())
+    act, pre = ACTIVATION_CODES[activation], ACTIVATION_CODES[pre_act]
+    # what specialises the kernel beyond the weight's sizes (fixed per A): the config, the epilogue,
+    # N, dtypes, strides and 16-byte alignments
+    key = (config, N, has_bias, act, has_res, has_pre, pre, x.dtype, out.dtype, bias.dtype, res.dtype, x_bias.dtype,
+           A.values.dtype, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
+           align16(x), align16(out), align16(bias), align16(res), align16(x_bias), align16(A.values))
     cache = A.__dict__.get("_blocked_launches")
     if cache is None:
         cache = LaunchCache()
         object.__setattr__(A, "_blocked_launches", cache)
+
+    def constexprs(**own):  # built on a cache miss only
+        return dict(own, HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, HAS_PRE=has_pre, PRE_ACT=pre,
+                    num_warps=config.num_warps, num_stages=config.num_stages)
+
     if config.tma and a_desc is not None and _tma_ready(x) and _tma_ready(out):
         if config.persistent:
             grid = (min(grid[0], _sm_slots(x.device, config)),)
-        launch_cached(cache, ("tma", grid, *key), _blocked_spmm_tma_kernel, grid, (
+        launch_cached(cache, key, _blocked_spmm_tma_kernel, grid, (
             _descriptor(x, [config.bn, bk]), a_desc, _descriptor(out, [config.bn, bm]),
             A.crow, A.col, bias, res, x_bias,
             M, K, N, n_units, res.stride(0), res.stride(1), float(scale),
-        ), dict(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent, **flags))
+        ), lambda: constexprs(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent))
         return out
-    launch_cached(cache, (grid, *key), _blocked_spmm_kernel, grid, (
+    launch_cached(cache, key, _blocked_spmm_kernel, grid, (
         x, A.values, A.crow, A.col, perm, out, bias, res, x_bias,
         M, K, N, n_units, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
         stride_a, float(scale),
-    ), dict(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, SHUFFLED=shuffled, EVEN_K=K % bk == 0,
-            EVEN_N=N % config.bn == 0, **flags))
+    ), lambda: constexprs(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, SHUFFLED=shuffled, EVEN_K=K % bk == 0,
+                          EVEN_N=N % config.bn == 0))
     return out
 
 
