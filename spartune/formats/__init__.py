@@ -1,7 +1,7 @@
 """Sparse weight formats. Each is immutable and validated at construction.
 
 Besides the formats, the helpers other layers share (pruning, kernels, benchmarks): block sizes,
-ceil_div, the unit of every item, and PATTERN_CACHES (memos on a format that depend on its
+ceil_div, pointers from counts, the unit of every item, and PATTERN_CACHES (memos on a format that depend on its
 pattern only, so that a format with new values keeps them); `transposed`, the format of A^T
 that backward passes multiply by."""
 from ._base import (
@@ -14,6 +14,7 @@ from ._base import (
     check_dense_weight,
     format_class,
     memo,
+    pointers_from_counts,
     unit_of_items,
 )
 from .blocked import BlockSparse
@@ -23,5 +24,5 @@ from .shuffled import ShuffledBlock
 from .transpose import transposed
 
 __all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
-           "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "format_class", "memo", "transposed",
-           "unit_of_items"]
+           "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "format_class", "memo", "pointers_from_counts",
+           "transposed", "unit_of_items"]

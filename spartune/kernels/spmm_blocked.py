@@ -3,8 +3,8 @@
 out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual, in PyTorch's linear layout; x's tiles
 may pass through an input prologue, act(x + x_bias[k]), as they are loaded.
 A program owns one *unit* (a block-row of bm rows, or a Shfl-BW group of V rows) and a strip
-of BN tokens; it walks the unit's stored blocks (or chunks of BK kept columns), multiplying
-the dense (BM, BK) tile of A with the gathered (BK, BN) slice of x^T on the tensor cores.
+of BN tokens; it walks the unit's stored blocks (or chunks of BK kept columns, see `chunked`),
+multiplying the dense (BM, BK) tile of A with the (BK, BN) slice of x^T on the tensor cores.
 Shfl-BW's row permutation is applied by the store: row r of group g lands at perm[g*V + r].
 spmm(A, X) is the same kernel on strided views (x = X.T, out = Y.T): nothing is copied.
 """
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..formats import BlockSparse, ShuffledBlock
+from ..formats import BlockSparse, ShuffledBlock, memo, pointers_from_counts, unit_of_items
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
 from ._common import LaunchCache, align16, grouped_order, launch_cached
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store, prologue
@@ -28,7 +28,7 @@ from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store, prologue
 @triton.jit
 def _blocked_spmm_kernel(
     x_ptr, a_ptr, crow_ptr, col_ptr, perm_ptr, out_ptr, bias_ptr, res_ptr, x_bias_ptr,
-    M, K, N, n_units, stride_xn, stride_xk, stride_on, stride_om, stride_rn, stride_rm, stride_a, scale,
+    M, K, N, n_units, stride_xn, stride_xk, stride_on, stride_om, stride_rn, stride_rm, scale,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
     SHUFFLED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, HAS_PRE: tl.constexpr, PRE_ACT: tl.constexpr,
@@ -45,31 +45,23 @@ def _blocked_spmm_kernel(
     start = tl.load(crow_ptr + unit)
     end = tl.load(crow_ptr + unit + 1)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    if SHUFFLED:
-        # chunks of BK kept columns: a dense (BM, BK) slice of the group's tile, x rows gathered
-        for j in range(start, end, BK):
-            kj = j + offs_k
-            k_ok = kj < end
-            cols = tl.load(col_ptr + kj, mask=k_ok, other=0).to(tl.int64)
-            a = tl.load(a_ptr + offs_m[:, None] * stride_a + kj[None, :], mask=k_ok[None, :], other=0.0)
-            xt = tl.load(x_strip + cols[:, None] * stride_xk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if HAS_PRE:
-                xt = prologue(xt, x_bias_ptr, cols[:, None], k_ok[:, None], PRE_ACT)
-            acc = tl.dot(a, xt, acc)
-    else:
-        a_tile = a_ptr + start.to(tl.int64) * (BM * BK) + offs_m[:, None] * BK + offs_k[None, :]
-        for p in range(start, end):
+    # A's blocks (BSR) or chunks (Shfl-BW) are (BM, BK) tiles stored one after another
+    a_tile = a_ptr + start.to(tl.int64) * (BM * BK) + offs_m[:, None] * BK + offs_k[None, :]
+    for p in range(start, end):
+        if SHUFFLED:  # the chunk's BK kept columns, each a row of x^T to gather
+            kk = tl.load(col_ptr + p * BK + offs_k).to(tl.int64)
+        else:
             kk = tl.load(col_ptr + p).to(tl.int64) * BK + offs_k
-            a = tl.load(a_tile)
-            a_tile += BM * BK
-            x_addr = x_strip + kk[:, None] * stride_xk
-            if EVEN_K and EVEN_N:
-                xt = tl.load(x_addr)
-            else:
-                xt = tl.load(x_addr, mask=(kk[:, None] < K) & n_ok[None, :], other=0.0)
-            if HAS_PRE:
-                xt = prologue(xt, x_bias_ptr, kk[:, None], kk[:, None] < K, PRE_ACT)
-            acc = tl.dot(a, xt, acc)
+        a = tl.load(a_tile)
+        a_tile += BM * BK
+        x_addr = x_strip + kk[:, None] * stride_xk
+        if EVEN_K and EVEN_N:
+            xt = tl.load(x_addr)
+        else:
+            xt = tl.load(x_addr, mask=(kk[:, None] < K) & n_ok[None, :], other=0.0)
+        if HAS_PRE:
+            xt = prologue(xt, x_bias_ptr, kk[:, None], kk[:, None] < K, PRE_ACT)
+        acc = tl.dot(a, xt, acc)
 
     slot = unit * BM + offs_m
     m_ok = slot < M
@@ -169,7 +161,6 @@ def space(problem: Problem) -> list[Config]:
 
 
 # Fitted on the train half of benchmarks/data/h100-2026-11-22-run6 (benchmarks/fit_model.py):
-SHFL_X_PER_TRIP = 2  # Shfl-BW, 16-token strips: gathered x elements per thread per round trip
 TMA_EXTRA_TRIP = 0.25  # TMA loads: the mbarrier wait, in round trips per step
 
 
@@ -180,13 +171,14 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     shuffled = problem.fmt.startswith("shfl")
     strips = triton.cdiv(problem.n, config.bn)
     tiles = s.units * strips
-    # K steps per unit: blocks (BSR) or chunks of BK kept columns (Shfl-BW)
+    # K steps per unit: blocks (BSR) or chunks of BK kept columns (Shfl-BW, the last one of each
+    # group padded: half a chunk more on average)
     per_step = config.bk // s.item_cols
-    steps_mean = s.items_mean / per_step
+    steps_mean = s.items_mean / per_step + (0.5 if shuffled else 0.0)
     steps_max = triton.cdiv(s.items_max, per_step)
     steps_total = steps_mean * tiles
     k_eff = steps_total * config.bk / max(tiles, 1)  # K walked per tile
-    a_bytes = s.units * s.items_mean * s.item_cols * bm * elt
+    a_bytes = s.units * steps_mean * config.bk * bm * elt
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
     # A is re-read once per token strip and x once per unit holding its columns (LOG.md: the
@@ -199,26 +191,9 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         x_l2 *= 32 // elt
     l2_bytes = a_l2 + x_l2 + y_bytes
     threads = 32 * config.num_warps
-    # registers: the fp32 accumulator, ~40 for addresses and loop state, and for Shfl-BW the
-    # operands staged in registers (2-byte elements, two to a register)
+    # registers: the fp32 accumulator, ~40 for addresses and loop state
     regs = 40 + bm * config.bn // threads
-    stages = config.num_stages
     chain_scale = 1.0  # the model's steps are index -> tile round trips (problem.INDEX_CHAIN)
-    if shuffled:
-        # Shfl-BW's operand loads are plain loads through registers, not cp.async / TMA tile
-        # copies (A's slices start at any kept column, so only 2-byte aligned; x's rows are
-        # gathered). They move through L2 at the plain-load rate calibrate() measures, 1/1.5 of
-        # the tile rate the cost model assumes (model.L2_TILE_SPEEDUP), and are not pipelined.
-        l2_bytes *= 1.5
-        regs += (bm * config.bk + config.bk * config.bn) // (2 * threads)
-        stages = 1  # no loads in flight across steps
-        if config.bn <= 16 and problem.n > 1:
-            # a 16-token strip of x is gathered by scalar loads that come back in sequence: each
-            # thread's share of the (BK, BN) slice costs round trips on top of the model's
-            # index -> tile chain (decode, benchmarks/data/h100-2026-11-22-run6: a step takes
-            # ~L2 latency x elements per thread / SHFL_X_PER_TRIP; 8 warps beat 4 by 2x)
-            x_trips = config.bk * min(config.bn, problem.n) / threads / SHFL_X_PER_TRIP
-            chain_scale = (INDEX_CHAIN + x_trips) / INDEX_CHAIN
     smem = config.num_stages * (bm * config.bk + config.bk * config.bn) * elt + (bm * config.bn * elt if config.tma else 0)
     if config.tma:  # (BSR only)
         # a TMA load signals an mbarrier the warps then wait on: a longer chain per step (~15%
@@ -247,7 +222,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         steps_mean=steps_mean * chain_scale,
         smem_bytes=smem,
         num_warps=config.num_warps,
-        num_stages=stages,
+        num_stages=config.num_stages,
         regs_per_thread=min(255, regs),
     )
 
@@ -256,9 +231,14 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
            prologue=None):
     """out = act(scale * x' @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides;
     x' = x, or act'(x + x_bias) for prologue = (x_bias, act'), applied to x's tiles on load."""
-    M, K, bm, n_units, shuffled, perm, stride_a, a_desc = _weight_args(A)
+    M, K, bm, n_units, shuffled, perm, a_desc = _weight_args(A)
     x_bias, pre_act = prologue if prologue is not None else (out, None)
-    bk = config.bk if shuffled else A.block[1]
+    if shuffled:
+        bk = config.bk
+        values, ptr, cols = chunked(A, bk)
+    else:
+        bk = A.block[1]
+        values, ptr, cols = A.values, A.crow, A.col
     N = x.shape[0]
     res = residual if residual is not None else out
     grid = (n_units * triton.cdiv(N, config.bn),)
@@ -270,8 +250,8 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     # what specialises the kernel beyond the weight's sizes (fixed per A): the config, the epilogue,
     # N, dtypes, strides and 16-byte alignments
     key = (config, N, has_bias, act, has_res, has_pre, pre, x.dtype, out.dtype, bias.dtype, res.dtype, x_bias.dtype,
-           A.values.dtype, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
-           align16(x), align16(out), align16(bias), align16(res), align16(x_bias), align16(A.values))
+           values.dtype, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
+           align16(x), align16(out), align16(bias), align16(res), align16(x_bias), align16(values))
     cache = A.__dict__.get("_blocked_launches")
     if cache is None:
         cache = LaunchCache()
@@ -291,10 +271,11 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
         ), lambda: constexprs(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, PERSISTENT=config.persistent))
         return out
     launch_cached(cache, key, _blocked_spmm_kernel, grid, (
-        x, A.values, A.crow, A.col, perm, out, bias, res, x_bias,
+        x, values, ptr, cols, perm, out, bias, res, x_bias,
         M, K, N, n_units, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
-        stride_a, float(scale),
-    ), lambda: constexprs(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, SHUFFLED=shuffled, EVEN_K=K % bk == 0,
+        float(scale),
+    ), lambda: constexprs(BM=bm, BN=config.bn, BK=bk, GROUP=config.group, SHUFFLED=shuffled,
+                          EVEN_K=shuffled or K % bk == 0,
                           EVEN_N=N % config.bn == 0))
     return out
 
@@ -305,17 +286,42 @@ def _weight_args(A) -> tuple:
     cached = A.__dict__.get("_blocked_args")
     if cached is None:
         if isinstance(A, ShuffledBlock):
-            bm, shuffled, perm, stride_a, a_desc = A.v, True, A.perm, A.values.stride(0), None
+            bm, shuffled, perm, a_desc = A.v, True, A.perm, None
         elif isinstance(A, BlockSparse):
-            (bm, bk), shuffled, perm, stride_a = A.block, False, A.crow, 0
+            (bm, bk), shuffled, perm = A.block, False, A.crow
             nnzb = A.values.shape[0]
             # TMA reads the (nnzb * bm, bk) value rows; no descriptor over an empty array
             a_desc = TensorDescriptor(A.values, [nnzb * bm, bk], [bk, 1], [bm, bk]) if nnzb else None
         else:
             raise TypeError(f"spmm_blocked takes BlockSparse or ShuffledBlock, got {type(A).__name__}")
-        cached = (*A.shape, bm, len(A.crow) - 1, shuffled, perm, stride_a, a_desc)
+        cached = (*A.shape, bm, len(A.crow) - 1, shuffled, perm, a_desc)
         object.__setattr__(A, "_blocked_args", cached)
     return cached
+
+
+def chunked(A: ShuffledBlock, bk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shfl-BW in the kernel's layout: each group's kept columns cut into chunks of bk, values as
+    (chunks, V, bk) tiles stored like BSR blocks (aligned whole-tile loads), chunk pointers per
+    group and the chunks' column indices (chunks, bk). A group's last chunk is padded with zero
+    values over its last kept column repeated, so the loop needs no mask and the padding adds no
+    term that was not already there. Built once per weight and bk, again after the values change."""
+    return memo(A, f"_shfl_chunks_{bk}", lambda: _chunk(A, bk))
+
+
+def _chunk(A: ShuffledBlock, bk: int):
+    counts = A.cols_per_group().long()
+    ptr = pointers_from_counts((counts + bk - 1) // bk)
+    n_chunks, total = int(ptr[-1]), A.col.numel()
+    group = unit_of_items(A.crow)
+    pos = torch.arange(total, device=A.col.device) - A.crow.long()[group]
+    chunk, lane = ptr.long()[group] + pos // bk, pos % bk
+    values = torch.zeros(n_chunks, A.v, bk, dtype=A.values.dtype, device=A.values.device)
+    values[chunk, :, lane] = A.values.T
+    # each group's last kept column (groups without one have no chunks, so never read theirs)
+    last = A.col.long()[(A.crow.long()[1:] - 1).clamp(min=0)] if total else torch.zeros_like(counts)
+    cols = last[unit_of_items(ptr)].to(torch.int32)[:, None].repeat(1, bk)
+    cols[chunk, lane] = A.col.to(torch.int32)
+    return values, ptr, cols
 
 
 def _descriptor(t: torch.Tensor, block: list) -> TensorDescriptor:

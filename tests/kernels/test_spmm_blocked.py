@@ -87,6 +87,36 @@ def test_strided_inputs_and_outputs_are_read_in_place(name):
     assert rel_err(run(A, x, cfg), ref.linear(x, A)) < 1e-5
 
 
+@pytest.mark.parametrize("bk", [16, 32])
+def test_shfl_chunks_hold_every_kept_column_once_and_pad_with_zeros(bk):
+    """The kernel layout of Shfl-BW: groups of 0, bk (exactly one chunk), bk + 1 and more kept
+    columns; scattered back, the chunks give the weight, and a padded lane repeats one of its
+    group's kept columns under a zero value."""
+    v, cols = 16, 3 * bk + 5
+    counts = [0, bk, bk + 1, 3 * bk + 5, 1]
+    slots = torch.zeros(len(counts) * v, cols)  # rows in group order
+    for g, c in enumerate(counts):
+        slots[g * v:(g + 1) * v, torch.randperm(cols)[:c]] = torch.randn(v, c)
+    perm = torch.randperm(slots.shape[0])
+    w = torch.empty_like(slots)
+    w[perm] = slots
+    A = st.ShuffledBlock.from_dense(w, v, perm.to(torch.int32))
+    values, ptr, idx = K.chunked(A, bk)
+    assert ptr.tolist() == [0, *torch.tensor([-(-c // bk) for c in counts]).cumsum(0).tolist()]
+    assert values.shape == (ptr[-1], v, bk) and idx.shape == (ptr[-1], bk)
+    grouped = torch.zeros(len(counts), v, cols)
+    for g in range(len(counts)):
+        kept = set(A.col[A.crow[g]:A.crow[g + 1]].tolist())
+        for ch in range(ptr[g], ptr[g + 1]):
+            assert set(idx[ch].tolist()) <= kept  # padding repeats a kept column
+            grouped[g].index_add_(1, idx[ch].long(), values[ch])  # padded lanes add zeros
+    dense = torch.empty_like(w)
+    dense[A.perm.long()] = grouped.reshape(-1, cols)
+    assert torch.equal(dense, A.to_dense())
+    A.values.mul_(2)  # new values in place: the layout is built again
+    assert torch.equal(K.chunked(A, bk)[0], 2 * values)
+
+
 def test_space_is_valid_and_features_are_sane():
     for pattern in ("block:64x64", "block:32x128", "shfl:64"):
         A = make(pattern, 256, 256, 0.2, torch.float16)
