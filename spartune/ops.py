@@ -89,6 +89,9 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     With `input_bias` (K,), x is first taken as input_activation(x + input_bias), in x's dtype:
     the bias and activation of x's producer (a convolution), applied as x loads where the
     tuned kernel can (x itself is not changed).
+    A 2-D x whose tokens are contiguous (x = X.T of a (K, N) matrix) gives an out of the same
+    layout (Y.T of an (M, N) one), as elementwise ops keep theirs: consecutive layers then stay in
+    that layout, which Shfl-BW weights need to run at block-sparse speed.
     """
     st = dispatch.state(A, _CHECKS["linear"])
     dtype, device, M, K = st.meta
@@ -115,7 +118,14 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
         check_prologue(input_bias, input_activation, K, device, dtype)
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
-    out = torch.empty((x2.shape[0], M), dtype=out_dtype or dtype, device=device)
+    n = x2.shape[0]
+    if flat and n > 1 and x2.stride(0) == 1 and x2.stride(1) != 1:
+        # x = X.T of a (K, N) matrix: out keeps that layout (Y.T of an (M, N) one), so the layout
+        # passes on to the next layer; Shfl-BW's kernels need it to gather whole rows and store
+        # the permuted rows whole
+        out = torch.empty((M, n), dtype=out_dtype or dtype, device=device).T
+    else:
+        out = torch.empty((n, M), dtype=out_dtype or dtype, device=device)
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
     key = (x2.shape[0], dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
            x2.stride(1) == 1, None if prologue is None else (prologue[0].dtype, input_activation))

@@ -251,6 +251,22 @@ def test_linear_strided_x(monkeypatch, kind, which, layout):
     check_close(y, ref.linear(x, A, residual=res), torch.float32)
 
 
+@pytest.mark.parametrize("kind,which", [("shfl", "ours"), ("block", "ours"), ("csr", "ours"), ("block", "dense")])
+def test_tokens_contiguous_layout_passes_from_layer_to_layer(monkeypatch, kind, which):
+    """x = X.T of a (K, N) matrix gives out = Y.T of an (M, N) one, so a second layer reads the
+    first one's output in the layout Shfl-BW gathers whole rows from; the values are F.linear's."""
+    A1, A2 = make_format(kind), make_format(kind, m=48, k=M, seed=1)  # K -> M -> 48 features
+    force(monkeypatch, backend_for(kind, which))
+    x = torch.randn(K, 6, generator=_gen(40)).T
+    h = st.linear(x, A1, activation="relu")
+    check_close(h, ref.linear(x, A1, activation="relu"), torch.float32)
+    if which == "ours":  # a library backend may return its own (contiguous) tensor
+        assert h.stride() == (1, 6)
+    y = st.linear(h, A2)
+    check_close(y, ref.linear(h, A2), torch.float32)
+    assert st.linear(x[:1], A1).is_contiguous()  # one token: the usual layout
+
+
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("kind,which", [("csr", "ours"), ("block", "ours"), ("csr", "dense")])
