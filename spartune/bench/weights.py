@@ -32,6 +32,7 @@ def random_weight(pattern: str, M: int, K: int, density: float, *, dtype, device
 
     from ..formats import CSR, NM, BlockSparse, ShuffledBlock, ceil_div
     from ..prune import parse_pattern, sparsify_weight
+    from ..prune.magnitude import SHFL_CHUNK
 
     p = parse_pattern(pattern)
     w = _nonzero_normal((M, K), dtype, device, gen)
@@ -47,8 +48,14 @@ def random_weight(pattern: str, M: int, K: int, density: float, *, dtype, device
         mask = keep.repeat_interleave(p.bm, 0).repeat_interleave(p.bk, 1)[:M, :K]
         make = lambda t: BlockSparse.from_dense(t, (p.bm, p.bk))  # noqa: E731
     elif p.kind == "shfl":
+        # each group keeps a random set of columns, as many as sparsify_weight would let it: a
+        # multiple of SHFL_CHUNK (rounded at random, so the density holds on average)
         groups = ceil_div(M, p.bm)
-        keep = torch.rand(groups, K, generator=gen, device=device) < _unit_density(groups, density, row_cv, device, gen)[:, None]
+        chunks = _unit_density(groups, density, row_cv, device, gen) * K / SHFL_CHUNK
+        extra = torch.rand(groups, generator=gen, device=device) < chunks - chunks.floor()
+        counts = ((chunks.floor() + extra) * SHFL_CHUNK).clamp(max=K)
+        rank = torch.rand(groups, K, generator=gen, device=device).argsort(1).argsort(1)
+        keep = rank < counts[:, None]
         perm = torch.randperm(M, generator=gen, device=device)
         mask = torch.empty(M, K, dtype=torch.bool, device=device)
         mask[perm] = keep.repeat_interleave(p.bm, 0)[:M]  # slot i of the grouping is row perm[i]

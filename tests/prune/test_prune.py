@@ -59,6 +59,26 @@ def test_shuffled_keeps_more_magnitude_than_block(make, v, sparsity):
     assert abs(shfl.sparsity - block.sparsity) < 0.01
 
 
+@pytest.mark.parametrize("rows, cols, sparsity", [(256, 1000, 0.9), (100, 384, 0.75), (64, 40, 0.5)])
+def test_shuffled_groups_keep_whole_chunks_of_their_heaviest_columns(rows, cols, sparsity):
+    """Each group keeps a multiple of SHFL_CHUNK columns (or all of them), its heaviest ones, and
+    the achieved sparsity stays near the one asked for."""
+    from spartune.prune.magnitude import SHFL_CHUNK
+
+    w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(3))
+    A, report = st.sparsify_weight(w, "shfl:32", sparsity, return_report=True)
+    counts = A.cols_per_group()
+    assert bool(((counts % SHFL_CHUNK == 0) | (counts == cols)).all()), counts
+    assert abs(report.sparsity - sparsity) < SHFL_CHUNK / cols
+    slots = w[A.perm.long()]
+    for g in range(A.groups):
+        mass = (slots[g * 32:(g + 1) * 32].float() ** 2).sum(0)
+        kept = torch.zeros(cols, dtype=torch.bool)
+        kept[A.col[A.crow[g]:A.crow[g + 1]].long()] = True
+        if kept.any() and not kept.all():
+            assert mass[kept].min() >= mass[~kept].max()
+
+
 def test_shuffling_beats_unshuffled_groups_on_structured_weights():
     # rows come in 8 interleaved families that share their important columns
     g = torch.Generator().manual_seed(1)
