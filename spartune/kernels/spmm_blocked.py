@@ -308,6 +308,13 @@ def chunked(A: ShuffledBlock, bk: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return memo(A, f"_shfl_chunks_{bk}", lambda: _chunk(A, bk))
 
 
+def release_unused(A, configs) -> None:
+    """Shfl-BW keeps a chunked copy per BK the tuner measured: drop those no chosen config reads."""
+    kept = {f"_shfl_chunks_{c.bk}" for c in configs}
+    for key in [k for k in A.__dict__ if k.startswith("_shfl_chunks_") and k not in kept]:
+        del A.__dict__[key]
+
+
 def _chunk(A: ShuffledBlock, bk: int):
     counts = A.cols_per_group().long()
     ptr = pointers_from_counts((counts + bk - 1) // bk)

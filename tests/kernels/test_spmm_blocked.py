@@ -115,6 +115,9 @@ def test_shfl_chunks_hold_every_kept_column_once_and_pad_with_zeros(bk):
     assert torch.equal(dense, A.to_dense())
     A.values.mul_(2)  # new values in place: the layout is built again
     assert torch.equal(K.chunked(A, bk)[0], 2 * values)
+    K.chunked(A, 64)
+    K.release_unused(A, [K.Config(16, bk, 4, 2)])  # only the chunks a chosen config reads stay
+    assert [k for k in A.__dict__ if k.startswith("_shfl_chunks_")] == [f"_shfl_chunks_{bk}"]
 
 
 def test_space_is_valid_and_features_are_sane():
