@@ -14,6 +14,7 @@ those columns to x's; the "mma" variant gathers x through the map as it stages i
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
 SMEM_BYTES = 48 * 1024  # static shared memory: the x tile must fit without opting in
+PIPE_SMEM = 112 * 1024  # the cp.async ring's dynamic shared memory: two CTAs per SM at most
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,9 @@ class Config:
     warps_k: int = 1  # mma: of the warps, how many split K (decode: few row tiles, so parallelism in K)
     ksteps: int = 4  # mma: 32-wide K steps per warp and staged chunk of x
     variant: str = "mma"  # "mma" (mma.sp.sync, sm_80+) | "wgmma" (wgmma.sp + TMA, sm_90a)
-    stages: int = 2  # wgmma: shared-memory stages of the pipeline (64 of K each)
+    # wgmma: shared-memory stages of the pipeline (64 of K each); mma: 2 = the next chunk
+    # prefetched into registers, >= 3 = a cp.async ring of that many shared-memory stages (2:4)
+    stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
 
 
@@ -73,6 +77,10 @@ def _smem_bytes(config: Config) -> int:
         return max(config.stages * stage, tile) + 16 * config.stages + 1024
     x_tile = config.bn * (32 * config.ksteps * config.warps_k + 8) * 2
     partial = (config.warps_k - 1) * config.bm * config.bn * 4
+    if config.stages >= 3:  # each stage: the x chunk and every warp's A fragments (16 + 4 bytes a lane)
+        wm, _ = _warp_grid(config)
+        frags = config.num_warps * (config.bm // 16 // wm) * config.ksteps * 32
+        return max(config.stages * (x_tile + frags * 20), partial)
     return max(x_tile, partial)
 
 
@@ -93,7 +101,7 @@ def space(problem: Problem) -> list[Config]:
     vnm = _vnm(problem.fmt)
     if vnm is None:
         return []
-    return [c for c in _mma_space(problem) if vnm[0] % c.bm == 0]
+    return [c for c in _mma_space(problem) if vnm[0] % c.bm == 0 and c.stages == 2]  # (x gathered by hand)
 
 
 def _wgmma_space(problem: Problem) -> list[Config]:
@@ -121,9 +129,11 @@ def _mma_space(problem: Problem) -> list[Config]:
         for bm, warps, warps_k in shapes:
             # decode: twice the K steps per chunk puts twice the weight's bytes in flight per warp
             for ksteps in (4, 8) if bn <= 16 else (4,):
-                cfg = Config(bm, bn, warps, warps_k, ksteps)
-                if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= SMEM_BYTES:
-                    out.append(cfg)
+                # decode: the weight's chunks a few stages ahead through a cp.async ring
+                for stages in (2, 3, 4) if bn <= 16 else (2,):
+                    cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
+                    if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
+                        out.append(cfg)
     return out
 
 
@@ -152,9 +162,12 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     x_l2 = row_tiles * strips * config.bn * k_pad * elt
     wm, wn = _warp_grid(config)
     threads = 32 * config.num_warps
-    # registers: accumulators, two sets of A fragments (prefetch), B, addresses
-    regs = 40 + config.bm * config.bn * config.warps_k // threads + 2 * (config.bm // 16 // wm) * config.ksteps * 5
-    regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
+    # registers: accumulators, A fragments (two sets: the prefetch, unless the cp.async ring
+    # holds it), B, addresses
+    ring = config.stages >= 3
+    regs = 40 + config.bm * config.bn * config.warps_k // threads + (1 if ring else 2) * (config.bm // 16 // wm) * config.ksteps * 5
+    if not ring:
+        regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
     steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
     return KernelFeatures(
         programs=tiles,
@@ -167,7 +180,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         steps_mean=float(steps),
         smem_bytes=_smem_bytes(config),
         num_warps=config.num_warps,
-        num_stages=2,  # the next chunk's A and x loaded into registers while this one multiplies
+        num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
     )
 
@@ -309,7 +322,8 @@ def _instance(config: Config, dtype: torch.dtype, gather: bool = False):
             "STAGES": config.stages}, arch_specific=True)
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-        "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather)})
+        "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather),
+        "PIPE": config.stages if config.stages >= 3 else 0})
 
 
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
@@ -335,15 +349,17 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     gather = isinstance(A, VNM)
     if gather and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
+    x_vec = int(not gather and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    if config.stages >= 3 and not x_vec:  # the ring copies x in 16-byte vectors: the register path
+        config = dataclasses.replace(config, stages=2)
     kernel = _kernel(config, values.dtype, x.device, gather)
     cols, map_rows = (column_map(A), A.v) if gather else (NULL, 1)
     if gather:
         K = kt * 32  # the kept columns, read through the map
-    x_vec = int(not gather and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
     grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, x.stride(0), x.stride(1), x_vec, *rest)
+           kt, x.stride(0), x.stride(1), x_vec, *rest, shmem=_smem_bytes(config) if config.stages >= 3 else 0)
 
 
 def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:

@@ -64,6 +64,27 @@ def test_every_config(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 7, 16])
+def test_cp_async_ring_every_config(dtype, N):
+    """The decode configs whose chunks move through a cp.async ring (stages >= 3): rows past M,
+    K past the last chunk, a row pitch wider than K with K % 8 = 4 (a 16-byte copy straddles the
+    end of K and must zero-fill its tail), and a strided x (the register path runs instead)."""
+    M, Kd = 1000, 1332
+    w = random_2to4(M, Kd, dtype, 21)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd + 4, device="cuda", dtype=dtype)[:, :Kd]  # pitch 1336: 16-byte rows
+    x_strided = torch.randn(N, 2 * Kd, device="cuda", dtype=dtype)[:, ::2]
+    configs = [c for c in K.space(problem(A, N)) if c.variant == "mma" and c.stages >= 3]
+    assert len(configs) >= 8
+    for xx in (x, x_strided):
+        expect = reference(xx, w)
+        for cfg in configs:
+            out = run(A, xx, cfg)
+            assert not out.isnan().any(), cfg
+            assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M, Kd", [(100, 72), (16, 32), (33, 130), (1000, 777), (4096, 4096)])
 @pytest.mark.parametrize("N", [1, 7, 77])
 def test_odd_shapes(dtype, M, Kd, N):

@@ -9,11 +9,15 @@
 // WARPS_K x KSTEPS x 32: the chunk's x tile is staged in shared memory (ldmatrix gives mma.sp's
 // B fragment directly), A's fragments come from global memory in register order (sparse_mma.py:
 // one 16-byte and one 4-byte load per lane); the next chunk's A fragments and x tile are loaded
-// into registers while this chunk multiplies.
+// into registers while this chunk multiplies. With PIPE >= 3 (2:4, x rows 16-byte aligned) they
+// move by cp.async instead, into a ring of PIPE shared-memory stages PIPE - 1 chunks ahead, so
+// more of the weight is in flight per warp without registers to hold it (decode's limit).
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
 //   GATHER  1 for V:N:M (x gathered through col_map), 0 for 2:4
+//   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
+//           memory of PIPE_BYTES, which the launch passes; needs x_vec and GATHER 0)
 #include "epilogue.cuh"
 #include "mma_sp.cuh"
 
@@ -44,9 +48,29 @@ constexpr int XG = (BN * KC + THREADS - 1) / THREADS;  // gathered x elements pe
 constexpr bool XG_REGS = GATHER && XG <= 16;            // prefetched into registers when few
 constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * (BM / 16 / WARPS_M) * (BN / 8 / WARPS_N) * 4 * 32 * 4;
 constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
+#ifndef PIPE
+#define PIPE 0
+#endif
+static_assert(PIPE == 0 || (PIPE >= 3 && !GATHER), "the cp.async ring runs 2:4 with at least 3 stages");
+constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
+constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
+constexpr int PIPE_BYTES = PIPE * STAGE_BYTES > RED_BYTES ? PIPE * STAGE_BYTES : RED_BYTES;
 static_assert(BM % 16 == 0 && BN % 8 == 0, "BM must be a multiple of 16 and BN of 8");
 static_assert(WARPS_MN * WARPS_K == WARPS, "WARPS_K must divide WARPS");
 static_assert(WARPS_M * WARPS_N == WARPS_MN && MT % WARPS_M == 0 && NT % WARPS_N == 0, "warps must tile the CTA");
+
+// cp.async: `bytes` (0..16) of src, the rest of the 16 (or 4) zero-filled
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -66,7 +90,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             const void* __restrict__ residual, const int* __restrict__ col_map, int map_rows, int M, int K, int N,
             int Mt, int Kt, int sxn, int sxk, int x_vec,
             int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
+#if PIPE
+  extern __shared__ __align__(16) unsigned char smem[];  // PIPE_BYTES
+#else
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
+#endif
   unsigned short* xs = reinterpret_cast<unsigned short*>(smem);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -158,7 +186,90 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
   };
 
+  // chunk c's K steps on the staged x chunk `xs`, this warp's A fragments in registers
+  auto multiply = [&](int c, const uint4 (&cur_v)[WM][KSTEPS], const unsigned (&cur_m)[WM][KSTEPS]) {
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+      const int ks = s * WARPS_K + warp_k;  // K step inside the chunk
+      if (c * KSTEPS * WARPS_K + ks >= Kt) break;
+#pragma unroll
+      for (int j = 0; j < WN; ++j) {
+        // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
+        const int row = (warp_n * WN + j) * 8 + (lane & 7);
+        unsigned b[4];
+        ldmatrix_x4(b, xs + row * XS_STRIDE + ks * 32 + (lane >> 3) * 8);
+#pragma unroll
+        for (int i = 0; i < WM; ++i) {
+          const unsigned a[4] = {cur_v[i][s].x, cur_v[i][s].y, cur_v[i][s].z, cur_v[i][s].w};
+          spartune::mma_sp_m16n8k32<SPARTUNE_BF16 != 0>(acc[i][j], a, b, cur_m[i][s]);
+        }
+      }
+    }
+  };
+
   const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
+#if PIPE
+  // stage st: [x chunk (BN rows of XS_STRIDE halves)][A values: A_FRAGS uint4][metadata: A_FRAGS words],
+  // each warp's fragments at (warp, i, s, lane)
+  auto stage_base = [&](int st) { return smem + st * STAGE_BYTES; };
+  auto frag = [&](int i, int s) { return ((warp * WM + i) * KSTEPS + s) * 32 + lane; };
+  auto a_ok = [&](int chunk, int i, int s) {
+    return mt0 + i < Mt && chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k < Kt;
+  };
+  auto issue = [&](int chunk) {
+    unsigned char* base = stage_base(chunk % PIPE);
+    unsigned short* xs_s = reinterpret_cast<unsigned short*>(base);
+    const int k0 = chunk * KC;
+#pragma unroll
+    for (int q = 0; q < XV; ++q) {
+      const int v = tid + q * THREADS;
+      if (v < XVECS) {
+        const int n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
+        const bool in = n_cta + n < N && k0 + kk < K;
+        const int bytes = !in ? 0 : K - k0 - kk >= 8 ? 16 : 2 * (K - k0 - kk);  // the K tail zero-filled
+        cp_async16(xs_s + n * XS_STRIDE + kk, in ? x + (long long)(n_cta + n) * sxn + k0 + kk : x, bytes);
+      }
+    }
+    uint4* av_s = reinterpret_cast<uint4*>(base + XS_BYTES);
+    unsigned* am_s = reinterpret_cast<unsigned*>(base + XS_BYTES + A_FRAGS * 16);
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+      for (int s = 0; s < KSTEPS; ++s) {
+        const bool ok = a_ok(chunk, i, s);
+        const long long at = ok ? (long long)(mt0 + i) * Kt + chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k : 0;
+        cp_async16(av_s + frag(i, s), a_values + at * 32 + lane, ok ? 16 : 0);
+        cp_async4(am_s + frag(i, s), a_meta + at * 16 + 2 * (lane >> 2) + (lane & 1), ok ? 4 : 0);
+      }
+  };
+#pragma unroll
+  for (int p = 0; p < PIPE - 1; ++p) {
+    if (p < chunks) issue(p);
+    cp_async_commit();
+  }
+  for (int c = 0; c < chunks; ++c) {
+    cp_async_wait<PIPE - 2>();  // chunk c has landed (this thread's copies) ...
+    __syncthreads();            // ... everyone's; and the stage refilled next is free
+    if (c + PIPE - 1 < chunks) issue(c + PIPE - 1);
+    cp_async_commit();
+    const unsigned char* base = stage_base(c % PIPE);
+    xs = reinterpret_cast<unsigned short*>(stage_base(c % PIPE));
+    const uint4* av_s = reinterpret_cast<const uint4*>(base + XS_BYTES);
+    const unsigned* am_s = reinterpret_cast<const unsigned*>(base + XS_BYTES + A_FRAGS * 16);
+    uint4 cur_v[WM][KSTEPS];
+    unsigned cur_m[WM][KSTEPS];
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+      for (int s = 0; s < KSTEPS; ++s) {
+        cur_v[i][s] = av_s[frag(i, s)];
+        cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
+      }
+    multiply(c, cur_v, cur_m);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the reduction below reuses the stages
+#else
   load_a(0);
   if (gather_regs) gather_x(0);
   else if (x_vec_ok(0)) load_x(0);
@@ -178,25 +289,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       else if (x_vec_ok(c + 1)) load_x(c + 1);
     }
 
-#pragma unroll
-    for (int s = 0; s < KSTEPS; ++s) {
-      const int ks = s * WARPS_K + warp_k;  // K step inside the chunk
-      if (c * KSTEPS * WARPS_K + ks >= Kt) break;
-#pragma unroll
-      for (int j = 0; j < WN; ++j) {
-        // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
-        const int row = (warp_n * WN + j) * 8 + (lane & 7);
-        unsigned b[4];
-        ldmatrix_x4(b, xs + row * XS_STRIDE + ks * 32 + (lane >> 3) * 8);
-#pragma unroll
-        for (int i = 0; i < WM; ++i) {
-          const unsigned a[4] = {cur_v[i][s].x, cur_v[i][s].y, cur_v[i][s].z, cur_v[i][s].w};
-          spartune::mma_sp_m16n8k32<SPARTUNE_BF16 != 0>(acc[i][j], a, b, cur_m[i][s]);
-        }
-      }
-    }
+    multiply(c, cur_v, cur_m);
     __syncthreads();
   }
+
+#endif
 
   if constexpr (WARPS_K > 1) {  // sum the K parts into the warps of part 0
     float* red = reinterpret_cast<float*>(smem);

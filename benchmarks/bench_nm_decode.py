@@ -1,0 +1,89 @@
+"""2:4 decode on the sparse tensor cores, side by side with cuBLAS dense, in one run: every mma
+config of spmm_nm's space at N = 1 and 16 on the Llama shapes, the best register-prefetch
+config (stages = 2) beside the best cp.async-ring one (stages >= 3), and what the tuned
+`spartune.linear` picks. Every call is timed with the L2 flushed (triton's do_bench), so the
+weight streams from DRAM as in serving.
+
+    python benchmarks/bench_nm_decode.py [--dtype bfloat16] [--n 1 16] [--out DIR]
+
+Prints a table last and writes JSON to DIR (default $OUT or ./out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import spartune as st
+from spartune.kernels import spmm_nm as K
+from spartune.prune import sparsify_weight
+from spartune.tune.device import device_name
+from spartune.tune.problem import Problem
+
+SHAPES = {"llama7b-up": (11008, 4096), "llama7b-down": (4096, 11008), "llama13b-up": (13824, 5120),
+          "llama70b-up": (28672, 8192)}
+
+
+def seconds(fn) -> float:
+    return do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
+
+
+def run_case(name, M, Kd, N, dtype):
+    w = torch.randn(M, Kd, device="cuda", dtype=dtype)
+    A = sparsify_weight(w, "2:4")
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    out = torch.empty(N, M, device="cuda", dtype=dtype)
+    dense = seconds(lambda: F.linear(x, w))
+    expect = F.linear(x.double(), A.to_dense().double())
+    prob = Problem("linear", A.signature, M, Kd, N, str(dtype).split(".")[1], A.stats(), device=device_name(0))
+    best = {}
+    for cfg in K.space(prob):
+        if cfg.variant != "mma" or cfg.bn > 16:
+            continue
+        K.launch(A, x, out, cfg)
+        err = ((out.double() - expect).norm() / expect.norm()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"{name} N={N} {cfg}: relative error {err:.3g}")
+        t = seconds(lambda: K.launch(A, x, out, cfg))
+        kind = "ring" if cfg.stages >= 3 else "registers"
+        if t < best.get(kind, (float("inf"),))[0]:
+            best[kind] = (t, str(cfg))
+    st.linear(x, A)  # tunes (fast mode) on first use
+    tuned = seconds(lambda: st.linear(x, A))
+    a_bytes = A.values.numel() * 2 + A.values.numel() // 8  # values + 2-bit indices
+    return dict(shape=name, M=M, K=Kd, N=N, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
+                registers_config=best["registers"][1], ring_s=best["ring"][0], ring_config=best["ring"][1],
+                tuned_s=tuned, weight_bytes=a_bytes)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--n", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for name, (M, Kd) in SHAPES.items():
+        for n in args.n:
+            row = run_case(name, M, Kd, n, dtype)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\n{'shape':<14}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "
+          f"{'x dense regs':>13} {'ring':>6} {'tuned':>6} {'ring TB/s':>10}")
+    for r in rows:
+        d = r["dense_s"]
+        print(f"{r['shape']:<14}{r['N']:>4} {d * 1e6:>9.1f} {r['registers_s'] * 1e6:>8.1f} {r['ring_s'] * 1e6:>8.1f} "
+              f"{r['tuned_s'] * 1e6:>9.1f} {d / r['registers_s']:>13.2f} {d / r['ring_s']:>6.2f} "
+              f"{d / r['tuned_s']:>6.2f} {r['weight_bytes'] / r['ring_s'] / 1e12:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
