@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import spartune as st
+from spartune import dispatch
 from spartune.kernels import spmm_nm as K
 from spartune.prune import sparsify_weight
 from spartune.tune.device import device_name
@@ -54,10 +55,11 @@ def run_case(name, M, Kd, N, dtype):
             best[kind] = (t, str(cfg))
     st.linear(x, A)  # tunes (fast mode) on first use
     tuned = seconds(lambda: st.linear(x, A))
+    picked = [f"{c.backend} {c.config}" for c in dispatch._states[A].chosen.values()]
     a_bytes = A.values.numel() * 2 + A.values.numel() // 8  # values + 2-bit indices
     return dict(shape=name, M=M, K=Kd, N=N, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
                 registers_config=best["registers"][1], ring_s=best["ring"][0], ring_config=best["ring"][1],
-                tuned_s=tuned, weight_bytes=a_bytes)
+                tuned_s=tuned, tuned_pick=picked, weight_bytes=a_bytes)
 
 
 def main():

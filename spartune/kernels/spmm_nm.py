@@ -129,8 +129,9 @@ def _mma_space(problem: Problem) -> list[Config]:
         for bm, warps, warps_k in shapes:
             # decode: twice the K steps per chunk puts twice the weight's bytes in flight per warp
             for ksteps in (4, 8) if bn <= 16 else (4,):
-                # decode: the weight's chunks a few stages ahead through a cp.async ring
-                for stages in (2, 3, 4) if bn <= 16 else (2,):
+                # decode: the weight's chunks two stages ahead through a cp.async ring (4 stages
+                # were never faster on the Llama shapes: LOG "spmm_nm mma variant, v3")
+                for stages in (2, 3) if bn <= 16 else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
                     if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
                         out.append(cfg)
