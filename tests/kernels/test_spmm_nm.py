@@ -120,6 +120,8 @@ def test_wgmma_space_is_hopper_only():
     assert not [c for c in K.space(ampere) if c.variant == "wgmma"]
     odd_k = Problem(**{**hopper.__dict__, "k": 4100})  # TMA needs 16-byte rows
     assert not [c for c in K.space(odd_k) if c.variant == "wgmma"]
+    for n in (1, 16, 63):  # decode is the mma variant's (a wgmma tile is 64 tokens wide)
+        assert {c.variant for c in K.space(Problem(**{**hopper.__dict__, "n": n}))} == {"mma"}
 
 
 # ---- V:N:M on the same kernel: the 2:4 matrix over the kept columns, x gathered through a map ----
