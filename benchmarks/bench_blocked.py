@@ -83,7 +83,7 @@ def make_format(fmt: str, M, K, density, gen):
 
 def problem_of(fmt, A, N):
     layout = "spmm" if fmt.startswith("shfl") else "linear"  # as run_case lays x out
-    return Problem(layout, fmt, A.shape[0], A.shape[1], N, str(DTYPE).split(".")[1], A.stats(), layout=layout)
+    return Problem("linear", fmt, A.shape[0], A.shape[1], N, str(DTYPE).split(".")[1], A.stats(), layout=layout)
 
 
 def run_case(name, fmt, M, K, N, density, rates, gen, max_configs, quick):

@@ -105,9 +105,9 @@ def space(problem: Problem) -> list[Config]:
 
 
 def _wgmma_space(problem: Problem) -> list[Config]:
-    # below 64 tokens most of a 64-wide wgmma tile is padding, and the mma variant streams the
+    # at 32 tokens or fewer most of a 64-wide wgmma tile is padding, and the mma variant streams the
     # weight faster (measured at N = 1 and 16, LOG "spmm_nm mma variant, v3"): decode is mma's
-    if not problem.device.endswith("sm_90") or problem.k % 8 or problem.n < 64:
+    if not problem.device.endswith("sm_90") or problem.k % 8 or problem.n <= 32:  # (n_bucket's edge)
         return []
     out = []
     for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
@@ -133,7 +133,9 @@ def _mma_space(problem: Problem) -> list[Config]:
             for ksteps in (4, 8) if bn <= 16 else (4,):
                 # decode: the weight's chunks two stages ahead through a cp.async ring (4 stages
                 # were never faster on the Llama shapes: LOG "spmm_nm mma variant, v3")
-                for stages in (2, 3) if bn <= 16 else (2,):
+                # (it copies x in 16-byte rows: the linear layout with K % 8 == 0)
+                ring = bn <= 16 and problem.layout == "linear" and problem.k % 8 == 0
+                for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
                     if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
                         out.append(cfg)

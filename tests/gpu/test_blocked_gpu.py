@@ -154,7 +154,7 @@ def test_cached_launches_follow_each_call(tma):
 def test_shfl_chain_in_the_tokens_contiguous_layout(dtype):
     """Two Shfl-BW layers through spartune.linear with x = X.T: the first one's output keeps that
     layout and the second reads it in place; the tuner may pick any backend, the values must be
-    the float64 product's and the layout must pass on."""
+    the float64 product's (tests/test_ops.py checks the layout with each backend forced)."""
     A1 = random_format("shfl:64", 1536, 512, 0.15, dtype)
     A2 = random_format("shfl:32", 384, 1536, 0.15, dtype)
     x = torch.randn(512, 1000, device="cuda", dtype=dtype).T  # N = 1000 tokens, contiguous
@@ -163,4 +163,3 @@ def test_shfl_chain_in_the_tokens_contiguous_layout(dtype):
     expect_h = ref.linear(x, A1, activation="gelu")
     assert rel(h, expect_h) < TOL[dtype]
     assert rel(y, ref.linear(h, A2)) < TOL[dtype]
-    assert h.stride() == (1, 1000) or h.is_contiguous()  # a library backend returns its own

@@ -120,8 +120,13 @@ def test_wgmma_space_is_hopper_only():
     assert not [c for c in K.space(ampere) if c.variant == "wgmma"]
     odd_k = Problem(**{**hopper.__dict__, "k": 4100})  # TMA needs 16-byte rows
     assert not [c for c in K.space(odd_k) if c.variant == "wgmma"]
-    for n in (1, 16, 63):  # decode is the mma variant's (a wgmma tile is 64 tokens wide)
-        assert {c.variant for c in K.space(Problem(**{**hopper.__dict__, "n": n}))} == {"mma"}
+    for n in (1, 16, 32):  # decode is the mma variant's (a wgmma tile is 64 tokens wide)
+        decode = Problem(**{**hopper.__dict__, "n": n})
+        assert {c.variant for c in K.space(decode)} == {"mma"}
+        ring = [c for c in K.space(decode) if c.stages == 3]  # the cp.async ring: narrow tiles only
+        assert ring and all(c.bn <= 16 for c in ring)
+        spmm = Problem(**{**decode.__dict__, "layout": "spmm"})  # x = X.T: no 16-byte rows to copy
+        assert all(c.stages == 2 for c in K.space(spmm))
 
 
 # ---- V:N:M on the same kernel: the 2:4 matrix over the kept columns, x gathered through a map ----
