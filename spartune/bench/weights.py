@@ -32,7 +32,7 @@ def random_weight(pattern: str, M: int, K: int, density: float, *, dtype, device
 
     from ..formats import CSR, NM, BlockSparse, ShuffledBlock, ceil_div
     from ..prune import parse_pattern, sparsify_weight
-    from ..prune.magnitude import SHFL_CHUNK
+    from ..prune.magnitude import shfl_chunk
 
     p = parse_pattern(pattern)
     w = _nonzero_normal((M, K), dtype, device, gen)
@@ -49,11 +49,11 @@ def random_weight(pattern: str, M: int, K: int, density: float, *, dtype, device
         make = lambda t: BlockSparse.from_dense(t, (p.bm, p.bk))  # noqa: E731
     elif p.kind == "shfl":
         # each group keeps a random set of columns, as many as sparsify_weight would let it: a
-        # multiple of SHFL_CHUNK (rounded at random, so the density holds on average)
-        groups = ceil_div(M, p.bm)
-        chunks = _unit_density(groups, density, row_cv, device, gen) * K / SHFL_CHUNK
+        # multiple of its chunk (rounded at random, so the density holds on average)
+        groups, chunk = ceil_div(M, p.bm), shfl_chunk(K)
+        chunks = _unit_density(groups, density, row_cv, device, gen) * K / chunk
         extra = torch.rand(groups, generator=gen, device=device) < chunks - chunks.floor()
-        counts = ((chunks.floor() + extra) * SHFL_CHUNK).clamp(max=K)
+        counts = ((chunks.floor() + extra) * chunk).clamp(max=K)
         rank = torch.rand(groups, K, generator=gen, device=device).argsort(1).argsort(1)
         keep = rank < counts[:, None]
         perm = torch.randperm(M, generator=gen, device=device)

@@ -131,7 +131,16 @@ def _prune_vnm(w, p, density):
     return mask, lambda x: VNM.from_dense(x, p.bm, p.m)
 
 
-SHFL_CHUNK = 32  # Shfl-BW groups keep their columns in multiples of this (see _keep_chunks)
+SHFL_CHUNK = 32  # Shfl-BW groups keep their columns in multiples of this (see _keep_chunks) ...
+
+
+def shfl_chunk(cols: int) -> int:
+    """... or of a smaller power of two where K has fewer than 8 such chunks: a coarse count
+    would leave a small layer's groups all or nothing (and small layers are not kernel-bound)."""
+    chunk = SHFL_CHUNK
+    while chunk > 1 and cols < 8 * chunk:
+        chunk //= 2
+    return chunk
 
 
 def _prune_shfl(w, p, density):
@@ -141,7 +150,7 @@ def _prune_shfl(w, p, density):
     groups = ceil_div(rows, v)
     grouped = F.pad(w.float()[perm] ** 2, (0, 0, 0, groups * v - rows)).reshape(groups, v, cols)
     rows_in = torch.clamp(rows - torch.arange(groups, device=w.device) * v, max=v)
-    keep_cols = _keep_chunks(grouped.sum(1), density, rows_in, SHFL_CHUNK)  # (groups, cols)
+    keep_cols = _keep_chunks(grouped.sum(1), density, rows_in, shfl_chunk(cols))  # (groups, cols)
     mask = torch.empty(rows, cols, dtype=torch.bool, device=w.device)
     mask[perm] = keep_cols.repeat_interleave(v, 0)[:rows]
     perm32 = perm.to(torch.int32)
