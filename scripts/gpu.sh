@@ -6,6 +6,8 @@
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
 #   TESTS=0 RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs
 #   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
+#   TESTS=0 RUNS="bench_nm_decode.py --n 1 16" bash scripts/gpu.sh       # 2:4 decode, every mma config (issue 14)
+#   TESTS=0 RUNS="bench_blocked.py --shfl --heights 32,64" bash scripts/gpu.sh   # Shfl-BW beside block (issue 17)
 #   TESTS=0 RUNS="spartune bench --suite e2e --quick --filter bert --filter decode" bash scripts/gpu.sh  # models
 # A device call stops at 600 s: tests (TEST_S, default 360 each, in parallel) plus the runs
 # (RUN_S, default 400 each) must fit; each run's own budget must stay below RUN_S.
