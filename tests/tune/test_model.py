@@ -274,15 +274,19 @@ def _blocked_time(fmt, m, k, n, density, **cfg):
     st = FormatStats(rows=m, cols=k, nnz=round(units * per_unit) * bm * item_cols, density=density, unit_rows=bm,
                      units=units, items_mean=per_unit, items_cv=0.0, items_max=math.ceil(per_unit), empty_units=0,
                      item_cols=item_cols)
-    p = Problem("linear", fmt, m, k, n, "float16", st, layout="spmm" if fmt.startswith("shfl") else "linear")
+    layout = cfg.pop("layout", "spmm" if fmt.startswith("shfl") else "linear")
+    p = Problem("linear", fmt, m, k, n, "float16", st, layout=layout)
     base = dict(bn=16, bk=64, num_warps=4, num_stages=3, group=1, tma=False, persistent=False)
     return t(spmm_blocked.features(p, spmm_blocked.Config(**{**base, **cfg})))
 
 
-def test_shfl_decode_wants_eight_warps():
-    # Shfl-BW's 16-token x slices are gathered by scalar loads: 8 warps halve each thread's share
-    for m, k in ((11008, 4096), (1024, 1024), (3072, 768)):
-        assert _blocked_time("shfl:64", m, k, 16, 0.2, num_warps=8) < 0.8 * _blocked_time("shfl:64", m, k, 16, 0.2)
+def test_shfl_runs_like_blocks_in_the_spmm_layout_only():
+    # Shfl-BW's chunks load like BSR blocks and its x rows are gathered whole in the spmm layout
+    # (LOG "Shfl-BW v2": within 15% of block:64); in the linear layout every element is a sector
+    for m, k, n in ((11008, 4096, 2048), (3072, 768, 4096), (11008, 4096, 16)):
+        shfl, block = _blocked_time("shfl:64", m, k, n, 0.1, bn=128), _blocked_time("block:64x64", m, k, n, 0.1, bn=128)
+        assert block < shfl < 1.3 * block
+        assert _blocked_time("shfl:64", m, k, n, 0.1, bn=128, layout="linear") > 2 * shfl
 
 
 def test_csr_decode_prefers_the_ell_copy():
@@ -331,8 +335,11 @@ def test_ranking_on_the_recorded_h100_run():
 
     summary, records, spec, problems = fit_model.load(data)
     assert fit_model.warm_replays(summary)  # run 6 replayed without evicting the L2
+    # its Shfl-BW records timed the kernel before v2 (LOG "Shfl-BW v2"): not this model's kernel
+    problems = {i: p for i, p in problems.items() if not p.fmt.startswith("shfl")}
+    records = [r for r in records if r["problem"] in problems]
     rows, _ = fit_model.rescore(records, spec, problems, None, fit_model.warm_replays(summary))
     ev = evaluate(rows)
-    assert ev["problems"] == 64
+    assert ev["problems"] == 48  # of 64
     assert ev["model"]["within_15"] >= 0.85
     assert ev["fast"]["within_5"] >= 0.9 and ev["fast"]["fraction_measured"] <= 0.09
