@@ -18,10 +18,14 @@ _MUFU = tl.constexpr(not INTERPRETED)
 
 
 @triton.jit
+def _mufu(x, INSTRUCTION: tl.constexpr):
+    return tl.inline_asm_elementwise(INSTRUCTION, "=r,r", [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _exp2(x):
     if _MUFU:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x.to(tl.float32)], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _mufu(x, "ex2.approx.ftz.f32 $0, $1;")
     else:
         return tl.exp2(x)
 
@@ -29,8 +33,7 @@ def _exp2(x):
 @triton.jit
 def _rcp(x):
     if _MUFU:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x.to(tl.float32)], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _mufu(x, "rcp.approx.ftz.f32 $0, $1;")
     else:
         return 1.0 / x
 

@@ -306,24 +306,26 @@ def chunked(A: ShuffledBlock, bk: int) -> tuple[torch.Tensor, torch.Tensor, torc
     values over its last kept column repeated, so the loop needs no mask and the padding adds no
     term that was not already there. The pattern's part is built once; the values are scattered
     again after they change (without a host sync, so even inside a CUDA graph capture)."""
-    ptr, cols, where, n_chunks = memo(A, f"_shfl_chunk_pattern_{bk}", lambda: _chunk_pattern(A, bk), of_values=False)
+    ptr, cols, chunk, lane, n_chunks = memo(A, f"_shfl_chunk_pattern_{bk}", lambda: _chunk_pattern(A, bk),
+                                            of_values=False)
 
     def scatter():
-        values = torch.zeros(n_chunks * A.v * bk, dtype=A.values.dtype, device=A.values.device)
-        return values.index_put_((where,), A.values.T.reshape(-1)).view(n_chunks, A.v, bk)
+        values = torch.zeros(n_chunks, A.v, bk, dtype=A.values.dtype, device=A.values.device)
+        values[chunk, :, lane] = A.values.T  # kept column t -> chunk[t], lane[t]
+        return values
 
     return memo(A, f"_shfl_chunks_{bk}", scatter), ptr, cols
 
 
 def release_unused(A, configs) -> None:
     """Shfl-BW keeps a chunked copy per BK the tuner measured: drop those no chosen config reads."""
-    kept = {f"_shfl_chunk{part}_{c.bk}" for c in configs for part in ("s", "_pattern")}
+    kept = {f"_shfl_chunks_{c.bk}" for c in configs} | {f"_shfl_chunk_pattern_{c.bk}" for c in configs}
     for key in [k for k in A.__dict__ if k.startswith("_shfl_chunk") and k not in kept]:
         del A.__dict__[key]
 
 
 def _chunk_pattern(A: ShuffledBlock, bk: int):
-    """(chunk pointers, chunk columns, where each stored value lands in the chunked values, chunks)."""
+    """(chunk pointers, chunk columns, each kept column's chunk and lane, chunks)."""
     counts = A.cols_per_group().long()
     ptr = pointers_from_counts((counts + bk - 1) // bk)
     n_chunks, total = int(ptr[-1]), A.col.numel()
@@ -334,10 +336,7 @@ def _chunk_pattern(A: ShuffledBlock, bk: int):
     last = A.col.long()[(A.crow.long()[1:] - 1).clamp(min=0)] if total else torch.zeros_like(counts)
     cols = last[unit_of_items(ptr)].to(torch.int32)[:, None].repeat(1, bk)
     cols[chunk, lane] = A.col.to(torch.int32)
-    # stored value (row r of kept column t) goes to values[chunk[t], r, lane[t]], in A.values.T's order
-    rows = torch.arange(A.v, device=A.col.device)
-    where = ((chunk[:, None] * A.v + rows[None, :]) * bk + lane[:, None]).reshape(-1)
-    return ptr, cols, where, n_chunks
+    return ptr, cols, chunk, lane, n_chunks
 
 
 def _descriptor(t: torch.Tensor, block: list) -> TensorDescriptor:
