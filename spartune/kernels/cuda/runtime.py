@@ -7,6 +7,7 @@ Python ints as int32, allocates nothing, never synchronises, and goes on
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 
 import numpy as np
@@ -19,7 +20,6 @@ DEFAULT_SHMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use withou
 
 _lock = threading.Lock()
 _loaded: dict[tuple[Instance, int], "LoadedKernel"] = {}
-_streams: dict[int, object] = {}  # torch stream handle -> cuda.core Stream
 _cache: CubinCache | None = None
 
 
@@ -79,73 +79,110 @@ def _current_stream_handle(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-def _stream(handle: int):
-    stream = _streams.get(handle)
-    if stream is None:
-        from cuda.core import Stream
+# How each kind of argument is passed: (struct code, size, alignment). Tensors go by address,
+# Python ints and bools as int32 (a bare int must not become a pointer), floats as fp32, bytes
+# (a TMA descriptor from `tensor_map_2d`) as a 128-byte struct by value; numpy scalars as typed.
+_KINDS = {int: ("i", 4, 4), bool: ("i", 4, 4), float: ("f", 4, 4), bytes: ("128s", 128, 64),
+          np.int32: ("i", 4, 4), np.uint32: ("I", 4, 4), np.int64: ("q", 8, 8), np.uint64: ("Q", 8, 8),
+          np.float32: ("f", 4, 4)}
+_POINTER = ("Q", 8, 8)
 
-        stream = _streams[handle] = Stream.from_handle(handle)
-    return stream
+
+class KernelParams:
+    """The `kernelParams` of one argument signature: a buffer holding every argument at its
+    natural alignment and the array of pointers into it that cuLaunchKernel reads. The driver
+    copies the arguments before the launch returns, so a buffer serves every call of its
+    thread (the launch releases the GIL: each thread keeps its own)."""
+
+    def __init__(self, signature: tuple[type, ...]):
+        fmt, offsets, end = "=", [], 0
+        for kind in signature:
+            if issubclass(kind, torch.Tensor):
+                code, size, align = _POINTER
+            else:
+                base = kind if kind in _KINDS else next((k for k in (bool, int, float) if issubclass(kind, k)), None)
+                if base is None:
+                    raise TypeError(f"unsupported kernel argument {kind.__name__}")
+                code, size, align = _KINDS[base]
+            pad = -end % align
+            fmt += f"{pad}x{code}" if pad else code
+            offsets.append(end + pad)
+            end += pad + size
+        self.struct = struct.Struct(fmt)
+        self._buffer = ctypes.create_string_buffer(end + 64)
+        base = ctypes.addressof(self._buffer)
+        base += -base % 64  # the descriptors' alignment, for the buffer's start too
+        self._view = (ctypes.c_char * max(end, 1)).from_address(base)
+        self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+
+    def pack(self, values: list) -> None:
+        try:
+            self.struct.pack_into(self._view, 0, *values)
+        except struct.error as e:
+            raise OverflowError(f"a kernel argument does not fit its C type (int32 for Python ints): {e}") from None
+
+    def unpack(self) -> tuple:
+        return self.struct.unpack_from(self._view, 0)
 
 
-def _argument(value, device_index: int):
-    if isinstance(value, torch.Tensor):
-        if value.get_device() != device_index:
-            raise ValueError(f"a tensor argument is on {value.device}, the kernel on cuda:{device_index}")
-        return value.data_ptr()
-    if isinstance(value, (bool, int)):  # a bare Python int would be passed as a pointer
-        return np.int32(value)
-    if isinstance(value, float):
-        return np.float32(value)
-    return value  # numpy scalars and the like, as given
+def argument_values(args, device_index: int) -> list:
+    """What a launch packs: tensors by address (on the kernel's device), the rest as given."""
+    values = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.get_device() != device_index:
+                raise ValueError(f"a tensor argument is on {a.device}, the kernel on cuda:{device_index}")
+            a = a.data_ptr()
+        elif type(a) is bytes and len(a) != 128:
+            raise ValueError(f"a struct passed by value must be a 128-byte TMA descriptor, got {len(a)} bytes")
+        values.append(a)
+    return values
+
+
+_launch_kernel = None
+
+
+def _cu_launch_kernel():
+    """libcuda's cuLaunchKernel through ctypes: a few microseconds a launch from Python, where
+    cuda.core's launch (each argument converted through its own objects) took ~20."""
+    global _launch_kernel
+    if _launch_kernel is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+        fn.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _launch_kernel = fn
+    return _launch_kernel
 
 
 class LoadedKernel:
     """A kernel ready to launch: `kernel(grid, block, *args, shmem=bytes)`."""
 
     def __init__(self, inst: Instance, device_index: int, code, kernel):
-        from cuda.core import LaunchConfig, launch
-
         self.instance = inst
         self.device_index = device_index
         self.code = code  # keeps the module loaded
         self.kernel = kernel
+        self._handle = int(kernel.handle)  # a CUkernel, which cuLaunchKernel takes for a CUfunction
         self._shmem_limit = DEFAULT_SHMEM_LIMIT
-        self._config_type = LaunchConfig
-        self._configs: dict[tuple, object] = {}  # (grid, block, shmem) -> LaunchConfig
-        self._launch = launch
+        self._params = threading.local()  # signature -> KernelParams, per thread
 
     def __call__(self, grid, block, *args, shmem: int = 0) -> None:
-        """Launch on the current stream. Host time matters (PERF-NOTES.md): a launch is a few
-        dict lookups and cuda.core's launch, nothing more. An argument given as `bytes` is a
-        struct passed by value (a TMA descriptor from `tensor_map_2d`): such launches go through
-        the driver directly, since cuda.core passes scalars and pointers only."""
-        if any(isinstance(a, bytes) for a in args):
-            return self._launch_by_value(grid, block, args, shmem)
-        config = self._configs.get((grid, block, shmem))
-        if config is None:
-            config = self._config(grid, block, shmem)
-        stream = _stream(_current_stream_handle(self.device_index))
-        self._launch(stream, config, self.kernel, *[_argument(a, self.device_index) for a in args])
-
-    def _launch_by_value(self, grid, block, args, shmem: int) -> None:
-        from cuda.bindings import driver
-
+        """Launch on the current stream. Host time matters (PERF-NOTES.md): a launch packs the
+        arguments into its signature's buffer and calls the driver, nothing more."""
         if shmem > self._shmem_limit:
             self.allow_shared_memory(shmem)
-        held = [_by_value(a, self.device_index) for a in args]  # alive until the launch returns
-        params = (ctypes.c_void_p * len(held))(*[ctypes.addressof(h) for h in held])
-        stream = driver.CUstream(_current_stream_handle(self.device_index))
-        (err,) = driver.cuLaunchKernel(self.kernel.handle, *grid, *block, shmem, stream, ctypes.addressof(params), 0)
-        _check(err, f"launching {self.instance.describe()}")
+        signature = tuple(map(type, args))
+        cache = self._params.__dict__
+        params = cache.get(signature)
+        if params is None:
+            params = cache[signature] = KernelParams(signature)
+        params.pack(argument_values(args, self.device_index))
+        err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, _current_stream_handle(self.device_index),
+                                  params.pointers, None)
+        if err:
+            from cuda.bindings import driver
 
-    def _config(self, grid, block, shmem: int):
-        if shmem > self._shmem_limit:
-            self.allow_shared_memory(shmem)
-        if len(self._configs) > 4096:  # grids that follow the shapes: keep the dict bounded
-            self._configs.clear()
-        config = self._configs[(grid, block, shmem)] = self._config_type(grid=grid, block=block, shmem_size=shmem)
-        return config
+            _check(driver.CUresult(err), f"launching {self.instance.describe()}")
 
     def allow_shared_memory(self, nbytes: int) -> None:
         """Raise the kernel's dynamic shared memory limit (needed above 48 KB)."""
@@ -165,21 +202,6 @@ class LoadedKernel:
     @property
     def registers(self) -> int:
         return self.kernel.attributes.num_regs
-
-
-def _by_value(value, device_index: int):
-    """A kernel argument as the ctypes object whose bytes the driver copies."""
-    if isinstance(value, bytes):
-        return (ctypes.c_ubyte * len(value)).from_buffer_copy(value)
-    if isinstance(value, torch.Tensor):
-        return ctypes.c_uint64(_argument(value, device_index))
-    if isinstance(value, (bool, int)):
-        return ctypes.c_int32(value)
-    if isinstance(value, float):
-        return ctypes.c_float(value)
-    if isinstance(value, np.uint64):
-        return ctypes.c_uint64(int(value))
-    raise TypeError(f"unsupported kernel argument {type(value).__name__}")
 
 
 _tensor_maps: dict[tuple, bytes] = {}  # (address, geometry, dtype, box) -> descriptor

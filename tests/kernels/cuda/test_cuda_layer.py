@@ -178,20 +178,36 @@ def test_instance_rejects_bad_defines():
         C.instance("kernel.cu", "k", {"X": 1.5})
 
 
-def test_launch_arguments_are_pointers_and_int32():
+def test_launch_arguments_are_pointers_int32_and_descriptors():
+    """What cuLaunchKernel reads: each argument at its C type and natural alignment."""
+    import ctypes
+    import struct
+
     import numpy as np
 
     from spartune.kernels.cuda import runtime as R
 
     t = torch.zeros(4)
-    assert R._argument(t, -1) == t.data_ptr()  # -1: the CPU, as torch's get_device() says
-    for value, kind in ((7, np.int32), (True, np.int32), (0.5, np.float32), (np.int64(3), np.int64)):
-        converted = R._argument(value, 0)
-        assert type(converted) is kind and converted == value
+    desc = bytes(range(128))
+    args = (t, 7, True, 0.5, np.uint64(2**40), desc, -3, np.float64(0.25))
+    params = R.KernelParams(tuple(map(type, args)))
+    params.pack(R.argument_values(args, -1))  # -1: the CPU, as torch's get_device() says
+    assert params.unpack() == (t.data_ptr(), 7, 1, 0.5, 2**40, desc, -3, 0.25)
+    pointers = [params.pointers[i] for i in range(len(args))]
+    # each pointer holds its argument's bytes: 8-byte pointer, int32s, fp32, the 64-aligned struct
+    assert ctypes.c_uint64.from_address(pointers[0]).value == t.data_ptr()
+    assert [ctypes.c_int32.from_address(pointers[i]).value for i in (1, 2, 6)] == [7, 1, -3]
+    assert ctypes.c_float.from_address(pointers[3]).value == 0.5
+    assert ctypes.string_at(pointers[5], 128) == desc and pointers[5] % 64 == 0
+    assert struct.unpack("=f", ctypes.string_at(pointers[7], 4))[0] == 0.25
     with pytest.raises(ValueError, match="cuda:0"):
-        R._argument(t, 0)
-    with pytest.raises(OverflowError):
-        R._argument(2**31, 0)
+        R.argument_values((t,), 0)
+    with pytest.raises(ValueError, match="128-byte"):
+        R.argument_values((b"abc",), 0)
+    with pytest.raises(OverflowError, match="int32"):
+        R.KernelParams((int,)).pack([2**31])
+    with pytest.raises(TypeError, match="str"):
+        R.KernelParams((str,))
 
 
 def test_device_arch():
