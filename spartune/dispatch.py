@@ -322,7 +322,8 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
                                  check=check(run) if check else None))
     for name, run in library.items():
         out.append(Candidate(name, None, predicted=_library_prior(problem, name, device), run=run,
-                             check=check(run) if check else None, library=True))
+                             check=check(run) if check else None, library=True,
+                             graph=False if name in backends.REPLAY_OWN_GRAPHS else None))
     return out
 
 

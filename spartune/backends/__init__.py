@@ -18,8 +18,14 @@ from .cusparselt import cusparselt_linear, cusparselt_search_linear
 from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, value_order
 
 __all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
-           "cusparselt_search_linear",
+           "cusparselt_search_linear", "REPLAY_OWN_GRAPHS",
            "dense_sddmm", "dense_softmax", "value_order"]
+
+
+# Backends whose call copies x into a graph of their own and replays it: the tuner times them as
+# called (inside its capture they would run the bare product, ~10 us less than their real call
+# at decode, and win where they lose)
+REPLAY_OWN_GRAPHS = frozenset({"cusparselt", "cusparselt_search"})
 
 
 def library_backends(A: SparseFormat) -> dict:

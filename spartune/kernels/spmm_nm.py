@@ -15,6 +15,7 @@ those columns to x's; the "mma" variant gathers x through the map as it stages i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ def _warp_grid(config: Config) -> tuple[int, int] | None:
     return wm, wn
 
 
+@functools.lru_cache(maxsize=None)
 def _smem_bytes(config: Config) -> int:
     """mma: the staged x chunk, or the K parts' partial sums where larger (they share the
     buffer). wgmma: the stages (x box, A values, metadata), or the output tile staged for the

@@ -57,6 +57,9 @@ class Candidate:
     run: Callable[[], object] | None = None
     check: Callable[[], bool] | None = None
     library: bool = False
+    # how the measurer times run: None lets it choose (graph replay for short calls); False as
+    # called, for a backend that replays graphs of its own (a capture would time it without them)
+    graph: bool | None = None
 
     def __post_init__(self):
         if self.features is None and self.predicted is None:

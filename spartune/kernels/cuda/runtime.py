@@ -96,6 +96,8 @@ class KernelParams:
 
     def __init__(self, signature: tuple[type, ...]):
         fmt, offsets, end = "=", [], 0
+        self.tensors = tuple(i for i, kind in enumerate(signature) if issubclass(kind, torch.Tensor))
+        self.structs = tuple(i for i, kind in enumerate(signature) if kind is bytes)
         for kind in signature:
             if issubclass(kind, torch.Tensor):
                 code, size, align = _POINTER
@@ -115,6 +117,19 @@ class KernelParams:
         self._view = (ctypes.c_char * max(end, 1)).from_address(base)
         self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
 
+    def values(self, args, device_index: int) -> list:
+        """What the launch packs: tensors by address (on the kernel's device), the rest as given."""
+        values = list(args)
+        for i in self.tensors:
+            t = values[i]
+            if t.get_device() != device_index:
+                raise ValueError(f"a tensor argument is on {t.device}, the kernel on cuda:{device_index}")
+            values[i] = t.data_ptr()
+        for i in self.structs:
+            if len(values[i]) != 128:
+                raise ValueError(f"a struct passed by value must be a 128-byte TMA descriptor, got {len(values[i])} bytes")
+        return values
+
     def pack(self, values: list) -> None:
         try:
             self.struct.pack_into(self._view, 0, *values)
@@ -125,18 +140,12 @@ class KernelParams:
         return self.struct.unpack_from(self._view, 0)
 
 
-def argument_values(args, device_index: int) -> list:
-    """What a launch packs: tensors by address (on the kernel's device), the rest as given."""
-    values = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if a.get_device() != device_index:
-                raise ValueError(f"a tensor argument is on {a.device}, the kernel on cuda:{device_index}")
-            a = a.data_ptr()
-        elif type(a) is bytes and len(a) != 128:
-            raise ValueError(f"a struct passed by value must be a 128-byte TMA descriptor, got {len(a)} bytes")
-        values.append(a)
-    return values
+def _dim3(v) -> tuple[int, int, int]:
+    """A grid or block given as an int or 1-3 ints, as the driver's three dimensions."""
+    v = (v,) if isinstance(v, int) else tuple(v)
+    if not 1 <= len(v) <= 3:
+        raise ValueError(f"a grid or block has 1 to 3 dimensions, got {v}")
+    return v + (1,) * (3 - len(v))
 
 
 _launch_kernel = None
@@ -171,12 +180,16 @@ class LoadedKernel:
         arguments into its signature's buffer and calls the driver, nothing more."""
         if shmem > self._shmem_limit:
             self.allow_shared_memory(shmem)
+        if type(grid) is not tuple or len(grid) != 3:
+            grid = _dim3(grid)
+        if type(block) is not tuple or len(block) != 3:
+            block = _dim3(block)
         signature = tuple(map(type, args))
         cache = self._params.__dict__
         params = cache.get(signature)
         if params is None:
             params = cache[signature] = KernelParams(signature)
-        params.pack(argument_values(args, self.device_index))
+        params.pack(params.values(args, self.device_index))
         err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, _current_stream_handle(self.device_index),
                                   params.pointers, None)
         if err:

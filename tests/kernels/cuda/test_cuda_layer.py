@@ -191,7 +191,7 @@ def test_launch_arguments_are_pointers_int32_and_descriptors():
     desc = bytes(range(128))
     args = (t, 7, True, 0.5, np.uint64(2**40), desc, -3, np.float64(0.25))
     params = R.KernelParams(tuple(map(type, args)))
-    params.pack(R.argument_values(args, -1))  # -1: the CPU, as torch's get_device() says
+    params.pack(params.values(args, -1))  # -1: the CPU, as torch's get_device() says
     assert params.unpack() == (t.data_ptr(), 7, 1, 0.5, 2**40, desc, -3, 0.25)
     pointers = [params.pointers[i] for i in range(len(args))]
     # each pointer holds its argument's bytes: 8-byte pointer, int32s, fp32, the 64-aligned struct
@@ -201,9 +201,9 @@ def test_launch_arguments_are_pointers_int32_and_descriptors():
     assert ctypes.string_at(pointers[5], 128) == desc and pointers[5] % 64 == 0
     assert struct.unpack("=f", ctypes.string_at(pointers[7], 4))[0] == 0.25
     with pytest.raises(ValueError, match="cuda:0"):
-        R.argument_values((t,), 0)
+        params.values(args, 0)
     with pytest.raises(ValueError, match="128-byte"):
-        R.argument_values((b"abc",), 0)
+        params.values((t, 7, True, 0.5, np.uint64(1), b"abc", -3, 0.25), -1)
     with pytest.raises(OverflowError, match="int32"):
         R.KernelParams((int,)).pack([2**31])
     with pytest.raises(TypeError, match="str"):
