@@ -177,3 +177,34 @@ def test_second_process_finds_the_cubin_in_the_cache():
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stdout.strip().splitlines()[-1])
     assert stats["compiles"] == 0 and stats["disk_hits"] == 1, stats
+
+
+def test_a_thread_whose_first_cuda_call_is_a_launch():
+    """The driver API does not bind torch's context to a new thread as the runtime API does: the
+    tuner's worker thread, on a tuning-DB hit, launched before any CUDA call of its own."""
+    import threading
+
+    gen = torch.Generator().manual_seed(5)
+    tiles, dtype = 8, torch.float16
+    w = random_2to4(16 * tiles, 32, dtype, gen)
+    values, meta = (t[:, 0].cuda() for t in S.pack_dense(w))
+    b_nk = torch.randn(tiles, 8, 32, generator=gen).to(dtype)
+    b_cuda = b_nk.cuda()
+    d = torch.full((tiles, 16, 8), float("nan"), device="cuda")
+    inst = tile_instance(dtype)
+    C.load(inst)
+    errors = []
+
+    def first_call_of_its_thread():
+        try:
+            C.launch(inst, tiles, 32, values, meta, b_cuda, d, tiles)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    thread = threading.Thread(target=first_call_of_its_thread)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    ref = w.reshape(tiles, 16, 32).double() @ b_nk.transpose(1, 2).double()
+    assert not d.isnan().any() and rel(d.cpu(), ref) < 1e-5

@@ -149,6 +149,20 @@ def _dim3(v) -> tuple[int, int, int]:
 
 
 _launch_kernel = None
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+def _bind_primary_context(index: int) -> None:
+    """Make the device's primary context (torch's) current on this thread: the driver API does
+    not bind it lazily as the runtime API does."""
+    from cuda.bindings import driver
+
+    err, dev = driver.cuDeviceGet(index)
+    _check(err, "cuDeviceGet")
+    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)  # torch holds it too: never released here
+    _check(err, "cuDevicePrimaryCtxRetain")
+    (err,) = driver.cuCtxSetCurrent(ctx)
+    _check(err, "cuCtxSetCurrent")
 
 
 def _cu_launch_kernel():
@@ -190,8 +204,11 @@ class LoadedKernel:
         if params is None:
             params = cache[signature] = KernelParams(signature)
         params.pack(params.values(args, self.device_index))
-        err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, _current_stream_handle(self.device_index),
-                                  params.pointers, None)
+        stream = _current_stream_handle(self.device_index)
+        err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, stream, params.pointers, None)
+        if err == CUDA_ERROR_INVALID_CONTEXT:  # a thread whose first CUDA call this is (the tuner's worker)
+            _bind_primary_context(self.device_index)
+            err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, stream, params.pointers, None)
         if err:
             from cuda.bindings import driver
 
