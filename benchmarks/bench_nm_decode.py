@@ -1,7 +1,6 @@
 """2:4 decode on the sparse tensor cores, side by side with cuBLAS dense, in one run: every mma
 config of spmm_nm's space at N = 1 and 16 on the Llama shapes, the best register-prefetch
-config (stages = 2) beside the best cp.async-ring one (stages >= 3) and the best that splits K
-over CTAs (splits > 1, either path), and what the tuned
+config (stages = 2) beside the best cp.async-ring one (stages >= 3), and what the tuned
 `spartune.linear` picks. Every call is timed with the L2 flushed (triton's do_bench), so the
 weight streams from DRAM as in serving.
 
@@ -51,7 +50,7 @@ def run_case(name, M, Kd, N, dtype):
         if not err < 1e-2:
             raise AssertionError(f"{name} N={N} {cfg}: relative error {err:.3g}")
         t = seconds(lambda: K.launch(A, x, out, cfg))
-        kind = "split" if cfg.splits > 1 else "ring" if cfg.stages >= 3 else "registers"
+        kind = "ring" if cfg.stages >= 3 else "registers"
         if t < best.get(kind, (float("inf"),))[0]:
             best[kind] = (t, str(cfg))
     st.linear(x, A)  # tunes (fast mode) on first use
@@ -60,7 +59,6 @@ def run_case(name, M, Kd, N, dtype):
     a_bytes = A.values.numel() * 2 + A.values.numel() // 8  # values + 2-bit indices
     return dict(shape=name, M=M, K=Kd, N=N, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
                 registers_config=best["registers"][1], ring_s=best["ring"][0], ring_config=best["ring"][1],
-                split_s=best["split"][0], split_config=best["split"][1],
                 tuned_s=tuned, tuned_pick=picked, weight_bytes=a_bytes)
 
 
@@ -80,17 +78,13 @@ def main():
             print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"\n{'shape':<14}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'split us':>9} {'tuned us':>9} "
-          f"{'x dense regs':>13} {'ring':>6} {'split':>6} {'tuned':>6} {'best TB/s':>10}")
+    print(f"\n{'shape':<14}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "
+          f"{'x dense regs':>13} {'ring':>6} {'tuned':>6} {'ring TB/s':>10}")
     for r in rows:
         d = r["dense_s"]
-        fastest = min(r["registers_s"], r["ring_s"], r["split_s"])
         print(f"{r['shape']:<14}{r['N']:>4} {d * 1e6:>9.1f} {r['registers_s'] * 1e6:>8.1f} {r['ring_s'] * 1e6:>8.1f} "
-              f"{r['split_s'] * 1e6:>9.1f} {r['tuned_s'] * 1e6:>9.1f} {d / r['registers_s']:>13.2f} "
-              f"{d / r['ring_s']:>6.2f} {d / r['split_s']:>6.2f} {d / r['tuned_s']:>6.2f} "
-              f"{r['weight_bytes'] / fastest / 1e12:>10.2f}")
-    for r in rows:
-        print(f"{r['shape']} N={r['N']}: split {r['split_config']}; tuned {r['tuned_pick']}")
+              f"{r['tuned_s'] * 1e6:>9.1f} {d / r['registers_s']:>13.2f} {d / r['ring_s']:>6.2f} "
+              f"{d / r['tuned_s']:>6.2f} {r['weight_bytes'] / r['ring_s'] / 1e12:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from . import cuda
-from ._common import arrival_counters
 from .cuda.epilogue import NULL, epilogue_args, or_null
 from ..formats import VNM, memo
 from ..tune.problem import KernelFeatures, Problem
@@ -44,9 +43,6 @@ class Config:
     # prefetched into registers, >= 3 = a cp.async ring of that many shared-memory stages (2:4)
     stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
-    # mma: CTAs splitting K's chunks (fp32 partials, the tile's last CTA sums them): decode tiles
-    # of many rows, which read x from L2 fewer times, still fill the GPU
-    splits: int = 1
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -143,28 +139,14 @@ def _mma_space(problem: Problem) -> list[Config]:
                 ring = bn <= 16 and problem.layout == "linear" and problem.k % 8 == 0
                 for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
-                    if _warp_grid(cfg) is None or _smem_bytes(cfg) > (SMEM_BYTES if stages == 2 else PIPE_SMEM):
-                        continue
-                    out.append(cfg)
-                    splits = _decode_splits(problem, cfg) if bm >= 64 else 1
-                    if splits > 1:
-                        out.append(dataclasses.replace(cfg, splits=splits))
+                    if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
+                        out.append(cfg)
     return out
 
 
-def _decode_splits(problem: Problem, config: Config) -> int:
-    """Split-K for a decode tile: enough CTAs for ~3 per SM (the weight's stream needs ~250+ in
-    flight: LOG "2:4 decode: where the tuned call lost"), each at least four chunks long."""
-    tiles = math.ceil(problem.m / config.bm) * math.ceil(problem.n / config.bn)
-    chunks = math.ceil(problem.k / (32 * config.ksteps * config.warps_k))
-    return max(1, min(math.ceil(3 * HOPPER_SMS / tiles), chunks // 4, MAX_SPLITS))
-
-
 # (bm, warps, warps_k) for narrow token tiles: few row tiles' worth of CTAs, so small BM and K
-# split over warps keep enough loads in flight (or, from BM 64, K split over CTAs too)
-_DECODE = [(16, 4, 4), (32, 4, 2), (32, 4, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4), (128, 4, 1), (128, 8, 2),
-           (256, 8, 2)]
-MAX_SPLITS = 32
+# split over warps keep enough loads in flight
+_DECODE = [(16, 4, 4), (32, 4, 2), (32, 4, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4), (128, 4, 1), (128, 8, 2)]
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
@@ -179,7 +161,6 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
     k_pad = kt * 32
-    partials = 2 * config.splits * problem.n * problem.m * 4 if config.splits > 1 else 0  # written, read back
     a_bytes = mt * 16 * k_pad // 2 * elt + mt * kt * 16 * 4  # values + metadata words
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
@@ -194,14 +175,14 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     regs = 40 + config.bm * config.bn * config.warps_k // threads + (1 if ring else 2) * (config.bm // 16 // wm) * config.ksteps * 5
     if not ring:
         regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
-    steps = math.ceil(kt / config.warps_k / config.splits)  # a warp's mma.sp K steps (32 columns each)
+    steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
     return KernelFeatures(
-        programs=tiles * config.splits,
+        programs=tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / MMA_SP_PEAK,
         fma_flops=0.0,
         dram_bytes=a_bytes + x_bytes + y_bytes,
-        l2_bytes=a_l2 + x_l2 + y_bytes + partials,
+        l2_bytes=a_l2 + x_l2 + y_bytes,
         steps_max=steps,
         steps_mean=float(steps),
         smem_bytes=_smem_bytes(config),
@@ -383,15 +364,9 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     if gather:
         K = kt * 32  # the kept columns, read through the map
     p_bias, p_res, *rest = epilogue
-    grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), config.splits)
-    if config.splits > 1:
-        ws = torch.empty(config.splits * N * M, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, grid[0] * grid[1])
-    else:
-        ws = counters = NULL
+    grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, x.stride(0), x.stride(1), x_vec, config.splits, ws, counters, *rest,
-           shmem=_smem_bytes(config) if config.stages >= 3 else 0)
+           kt, x.stride(0), x.stride(1), x_vec, *rest, shmem=_smem_bytes(config) if config.stages >= 3 else 0)
 
 
 def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:

@@ -12,11 +12,6 @@
 // into registers while this chunk multiplies. With PIPE >= 3 (2:4, x rows 16-byte aligned) they
 // move by cp.async instead, into a ring of PIPE shared-memory stages PIPE - 1 chunks ahead, so
 // more of the weight is in flight per warp without registers to hold it (decode's limit).
-// With `splits` > 1 the CTAs of grid.z split K's chunks too: fp32 partials go to `ws`, and the
-// last CTA of a tile (an arrival counter, left at zero again) sums them in split order
-// (deterministic) and applies the epilogue. A CTA may then own many rows, so x, which every
-// CTA of a row tile reads in full from L2, is read fewer times (at 16 tokens that traffic
-// matched the weight's own).
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
@@ -89,12 +84,11 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 // x: (N, K) at strides (sxn, sxk); x_vec: 1 when sxk == 1, sxn % 8 == 0, x is 16-byte aligned
 // and nothing is gathered (chunks then move as 16-byte vectors). col_map: null (2:4), or int32
 // (row blocks, Kt * 32) for V:N:M, BM dividing map_rows. bias (M,) / residual (N, M) may be null.
-// ws: fp32 (splits, N, M) and counters: one zeroed int per (row tile, token tile), when splits > 1.
 extern "C" __global__ void __launch_bounds__(THREADS)
     spmm_nm(const uint4* __restrict__ a_values, const unsigned* __restrict__ a_meta,
             const unsigned short* __restrict__ x, void* __restrict__ out, const void* __restrict__ bias,
             const void* __restrict__ residual, const int* __restrict__ col_map, int map_rows, int M, int K, int N,
-            int Mt, int Kt, int sxn, int sxk, int x_vec, int splits, float* __restrict__ ws, int* __restrict__ counters,
+            int Mt, int Kt, int sxn, int sxk, int x_vec,
             int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
 #if PIPE
   extern __shared__ __align__(16) unsigned char smem[];  // PIPE_BYTES
@@ -213,10 +207,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
   };
 
-  const int all_chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
-  const int per_split = (all_chunks + splits - 1) / splits;
-  const int c0 = blockIdx.z * per_split;  // this CTA's chunks: [c0, chunks)
-  const int chunks = c0 + per_split < all_chunks ? c0 + per_split : all_chunks;
+  const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
 #if PIPE
   // stage st: [x chunk (BN rows of XS_STRIDE halves)][A values: A_FRAGS uint4][metadata: A_FRAGS words],
   // each warp's fragments at (warp, i, s, lane)
@@ -252,11 +243,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       }
   };
 #pragma unroll
-  for (int p = c0; p < c0 + PIPE - 1; ++p) {
+  for (int p = 0; p < PIPE - 1; ++p) {
     if (p < chunks) issue(p);
     cp_async_commit();
   }
-  for (int c = c0; c < chunks; ++c) {
+  for (int c = 0; c < chunks; ++c) {
     cp_async_wait<PIPE - 2>();  // chunk c has landed (this thread's copies) ...
     __syncthreads();            // ... everyone's; and the stage refilled next is free
     if (c + PIPE - 1 < chunks) issue(c + PIPE - 1);
@@ -279,12 +270,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   cp_async_wait<0>();
   __syncthreads();  // the reduction below reuses the stages
 #else
-  if (c0 < chunks) {
-    load_a(c0);
-    if (gather_regs) gather_x(c0);
-    else if (x_vec_ok(c0)) load_x(c0);
-  }
-  for (int c = c0; c < chunks; ++c) {
+  load_a(0);
+  if (gather_regs) gather_x(0);
+  else if (x_vec_ok(0)) load_x(0);
+  for (int c = 0; c < chunks; ++c) {
     stage_x(c);
     __syncthreads();
 
@@ -306,7 +295,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 #endif
 
-  const bool owner = warp_k == 0;  // the warps that end with the CTA's sums
   if constexpr (WARPS_K > 1) {  // sum the K parts into the warps of part 0
     float* red = reinterpret_cast<float*>(smem);
     constexpr int PER_WARP = WM * WN * 4 * 32;
@@ -324,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             red[slot(warp_k, i, j, e)] = acc[i][j][e];
     }
     __syncthreads();
-    if (owner)
+    if (warp_k > 0) return;
 #pragma unroll
     for (int p = 1; p < WARPS_K; ++p)
 #pragma unroll
@@ -336,48 +324,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             acc[i][j][e] += red[slot(p, i, j, e)];
   }
 
-  const int g = lane >> 2, t = lane & 3;
-  // accumulator (i, j, e) of this lane: row m_of(i, e), token n_of(j, e)
-  auto m_of = [&](int i, int e) { return (mt0 + i) * 16 + g + 8 * (e >> 1); };
-  auto n_of = [&](int j, int e) { return n_cta + (warp_n * WN + j) * 8 + 2 * t + (e & 1); };
-  if (splits > 1) {  // split K: the tile's last CTA sums the splits' partials in split order
-    __shared__ int is_last;
-    if (owner) {
-      float* part = ws + (long long)blockIdx.z * N * M;
-#pragma unroll
-      for (int i = 0; i < WM; ++i)
-#pragma unroll
-        for (int j = 0; j < WN; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (m_of(i, e) < M && n_of(j, e) < N) __stcg(part + (long long)n_of(j, e) * M + m_of(i, e), acc[i][j][e]);
-    }
-    __threadfence();
-    __syncthreads();
-    int* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
-    if (tid == 0) is_last = atomicAdd(counter, 1) == splits - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    if (owner) {
-#pragma unroll
-      for (int i = 0; i < WM; ++i)
-#pragma unroll
-        for (int j = 0; j < WN; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float sum = 0.f;
-            if (m_of(i, e) < M && n_of(j, e) < N)
-              for (int s = 0; s < splits; ++s) sum += __ldcg(ws + ((long long)s * N + n_of(j, e)) * M + m_of(i, e));
-            acc[i][j][e] = sum;
-          }
-    }
-    if (tid == 0) *counter = 0;
-  }
-  if (!owner) return;
-
   // epilogue: lane (g, t) holds rows g, g + 8 of each slice at tokens 2t, 2t + 1
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < WM; ++i)
 #pragma unroll
