@@ -4,7 +4,7 @@ config (stages = 2) beside the best cp.async-ring one (stages >= 3), and what th
 `spartune.linear` picks. Every call is timed with the L2 flushed (triton's do_bench), so the
 weight streams from DRAM as in serving.
 
-    python benchmarks/bench_nm_decode.py [--dtype bfloat16] [--n 1 16] [--out DIR]
+    python benchmarks/bench_nm_decode.py [--dtype bfloat16] [--n 1 16] [--shapes llama70b-up] [--out DIR]
 
 Prints a table last and writes JSON to DIR (default $OUT or ./out).
 """
@@ -66,12 +66,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--n", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     rows = []
-    for name, (M, Kd) in SHAPES.items():
+    for name in args.shapes:
+        M, Kd = SHAPES[name]
         for n in args.n:
             row = run_case(name, M, Kd, n, dtype)
             rows.append(row)
