@@ -7,6 +7,7 @@ Python ints as int32, allocates nothing, never synchronises, and goes on
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 import threading
 
@@ -140,11 +141,15 @@ class KernelParams:
         return self.struct.unpack_from(self._view, 0)
 
 
+DIM_LIMIT = 1 << 31
+
+
 def _dim3(v) -> tuple[int, int, int]:
-    """A grid or block given as an int or 1-3 ints, as the driver's three dimensions."""
-    v = (v,) if isinstance(v, int) else tuple(v)
-    if not 1 <= len(v) <= 3:
-        raise ValueError(f"a grid or block has 1 to 3 dimensions, got {v}")
+    """A grid or block given as an int or 1-3 ints, as the driver's three dimensions (checked:
+    ctypes would wrap a value past 32 bits into a smaller grid without a word)."""
+    v = (operator.index(v),) if not isinstance(v, (tuple, list)) else tuple(map(operator.index, v))
+    if not 1 <= len(v) <= 3 or not all(0 < d < DIM_LIMIT for d in v):
+        raise ValueError(f"a grid or block has 1 to 3 dimensions, each 1 to 2**31 - 1, got {v}")
     return v + (1,) * (3 - len(v))
 
 
@@ -152,17 +157,22 @@ _launch_kernel = None
 CUDA_ERROR_INVALID_CONTEXT = 201
 
 
-def _bind_primary_context(index: int) -> None:
-    """Make the device's primary context (torch's) current on this thread: the driver API does
-    not bind it lazily as the runtime API does."""
+def _bind_primary_context(index: int) -> bool:
+    """Make the device's primary context (torch's) current on a thread that has none (the driver
+    API does not bind it lazily as the runtime API does); False when the thread has one."""
     from cuda.bindings import driver
 
+    err, current = driver.cuCtxGetCurrent()
+    _check(err, "cuCtxGetCurrent")
+    if int(current) != 0:
+        return False
     err, dev = driver.cuDeviceGet(index)
     _check(err, "cuDeviceGet")
     err, ctx = driver.cuDevicePrimaryCtxRetain(dev)  # torch holds it too: never released here
     _check(err, "cuDevicePrimaryCtxRetain")
     (err,) = driver.cuCtxSetCurrent(ctx)
     _check(err, "cuCtxSetCurrent")
+    return True
 
 
 def _cu_launch_kernel():
@@ -194,9 +204,9 @@ class LoadedKernel:
         arguments into its signature's buffer and calls the driver, nothing more."""
         if shmem > self._shmem_limit:
             self.allow_shared_memory(shmem)
-        if type(grid) is not tuple or len(grid) != 3:
+        if type(grid) is not tuple or len(grid) != 3 or not 0 < min(grid) <= max(grid) < DIM_LIMIT:
             grid = _dim3(grid)
-        if type(block) is not tuple or len(block) != 3:
+        if type(block) is not tuple or len(block) != 3 or not 0 < min(block) <= max(block) < DIM_LIMIT:
             block = _dim3(block)
         signature = tuple(map(type, args))
         cache = self._params.__dict__
@@ -206,8 +216,8 @@ class LoadedKernel:
         params.pack(params.values(args, self.device_index))
         stream = _current_stream_handle(self.device_index)
         err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, stream, params.pointers, None)
-        if err == CUDA_ERROR_INVALID_CONTEXT:  # a thread whose first CUDA call this is (the tuner's worker)
-            _bind_primary_context(self.device_index)
+        if err == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(self.device_index):
+            # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
             err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, stream, params.pointers, None)
         if err:
             from cuda.bindings import driver

@@ -368,3 +368,17 @@ def test_nvrtc_error_names_the_instance(tmp_path):
         CA.CubinCache(tmp_path).get(inst, "sm_90", K.nvrtc_version())
     assert "mma_sp_tile.cu:mma_sp_tile" in str(info.value)
     assert "SPARTUNE_BF16 must be defined" in info.value.log
+
+
+def test_grid_and_block_dimensions():
+    """An int or 1-3 ints become the driver's three; a value past 31 bits is refused (ctypes would
+    wrap it into a smaller grid without a word)."""
+    import numpy as np
+
+    from spartune.kernels.cuda import runtime as R
+
+    assert R._dim3(5) == (5, 1, 1) and R._dim3(np.int64(4)) == (4, 1, 1)
+    assert R._dim3((2, 3)) == (2, 3, 1) and R._dim3([2, 3, 4]) == (2, 3, 4)
+    for bad in (0, -1, 2**32 + 5, (1, 2, 3, 4), ()):
+        with pytest.raises(ValueError, match="dimensions"):
+            R._dim3(bad)
