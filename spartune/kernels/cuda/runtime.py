@@ -147,6 +147,8 @@ DIM_LIMIT = 1 << 31
 def _dim3(v) -> tuple[int, int, int]:
     """A grid or block given as an int or 1-3 ints, as the driver's three dimensions (checked:
     ctypes would wrap a value past 32 bits into a smaller grid without a word)."""
+    if type(v) is tuple and len(v) == 3 and 0 < min(v) <= max(v) < DIM_LIMIT:  # every launch's case
+        return v
     v = (operator.index(v),) if not isinstance(v, (tuple, list)) else tuple(map(operator.index, v))
     if not 1 <= len(v) <= 3 or not all(0 < d < DIM_LIMIT for d in v):
         raise ValueError(f"a grid or block has 1 to 3 dimensions, each 1 to 2**31 - 1, got {v}")
@@ -204,10 +206,7 @@ class LoadedKernel:
         arguments into its signature's buffer and calls the driver, nothing more."""
         if shmem > self._shmem_limit:
             self.allow_shared_memory(shmem)
-        if type(grid) is not tuple or len(grid) != 3 or not 0 < min(grid) <= max(grid) < DIM_LIMIT:
-            grid = _dim3(grid)
-        if type(block) is not tuple or len(block) != 3 or not 0 < min(block) <= max(block) < DIM_LIMIT:
-            block = _dim3(block)
+        grid, block = _dim3(grid), _dim3(block)
         signature = tuple(map(type, args))
         cache = self._params.__dict__
         params = cache.get(signature)
@@ -215,10 +214,11 @@ class LoadedKernel:
             params = cache[signature] = KernelParams(signature)
         params.pack(params.values(args, self.device_index))
         stream = _current_stream_handle(self.device_index)
-        err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, stream, params.pointers, None)
+        launch = _cu_launch_kernel()
+        err = launch(self._handle, *grid, *block, shmem, stream, params.pointers, None)
         if err == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(self.device_index):
             # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
-            err = _cu_launch_kernel()(self._handle, *grid, *block, shmem, stream, params.pointers, None)
+            err = launch(self._handle, *grid, *block, shmem, stream, params.pointers, None)
         if err:
             from cuda.bindings import driver
 
