@@ -10,7 +10,9 @@ chosen by the tuner per problem (`Config.variant`):
 The weight is packed once per layout, in the order the instructions' lanes hold it
 (cuda/sparse_mma.py; wgmma.sp keeps mma.sp's per-warp layout), and memoised on the format object.
 V:N:M weights (VENOM) are the 2:4 matrix over each V-row block's kept columns plus a map from
-those columns to x's; the "mma" variant gathers x through the map as it stages it.
+those columns to x's; the "mma" variant gathers x through the map as it stages it, the "wgmma"
+variant reads x^T (K, tokens), where a kept column is a contiguous row of tokens, and its
+producer warpgroup gathers those rows by cp.async.
 """
 from __future__ import annotations
 
@@ -69,12 +71,12 @@ def _warp_grid(config: Config) -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _smem_bytes(config: Config) -> int:
+def _smem_bytes(config: Config, boxes: int = 1) -> int:
     """mma: the staged x chunk, or the K parts' partial sums where larger (they share the
-    buffer). wgmma: the stages (x box, A values, metadata), or the output tile staged for the
-    epilogue where larger, plus the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
+    buffer). wgmma: the stages (`boxes` x boxes, A values, metadata), or the output tile staged
+    for the epilogue where larger, plus the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
     if config.variant == "wgmma":
-        stage = config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
+        stage = boxes * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
         tile = config.bn * (config.bm + 4) * 4
         return max(config.stages * stage, tile) + 16 * config.stages + 1024
     x_tile = config.bn * (32 * config.ksteps * config.warps_k + 8) * 2
@@ -94,8 +96,9 @@ def _vnm(fmt: str) -> tuple[int, int] | None:
 
 def space(problem: Problem) -> list[Config]:
     """Valid configs: 2:4 and V:N:M in fp16/bf16 run on mma.sp (fp32 falls back to other
-    backends); the wgmma variant for 2:4 on Hopper (sm_90) with K a multiple of 8 (TMA's 16-byte
-    row pitch). A V:N:M tile stays inside one V-row block."""
+    backends); the wgmma variant on Hopper (sm_90), for 2:4 with K a multiple of 8 (TMA's 16-byte
+    row pitch). An mma V:N:M tile stays inside one V-row block; a wgmma one covers one block, or
+    two of V = BM / 2 rows (a box of x per consumer)."""
     if problem.dtype not in DTYPES:
         return []
     if problem.fmt == "2:4":
@@ -103,22 +106,32 @@ def space(problem: Problem) -> list[Config]:
     vnm = _vnm(problem.fmt)
     if vnm is None:
         return []
-    return [c for c in _mma_space(problem) if vnm[0] % c.bm == 0 and c.stages == 2]  # (x gathered by hand)
+    mma = [c for c in _mma_space(problem) if vnm[0] % c.bm == 0 and c.stages == 2]  # (x gathered by hand)
+    return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])]
 
 
-def _wgmma_space(problem: Problem) -> list[Config]:
+def wgmma_boxes(config: Config, v: int) -> int:
+    """Boxes of gathered x per stage of a V:N:M wgmma tile: 1 if the tile's rows share their kept
+    columns, 2 if each consumer's half is its own V-row block, 0 if the tile cannot run V."""
+    if v % config.bm == 0:
+        return 1
+    return 2 if 2 * v == config.bm else 0
+
+
+def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
     # at 32 tokens or fewer most of a 64-wide wgmma tile is padding, and the mma variant streams the
     # weight faster (measured at N = 1 and 16, LOG "spmm_nm mma variant, v3"): decode is mma's
-    if not problem.device.endswith("sm_90") or problem.k % 8 or problem.n <= 32:  # (n_bucket's edge)
+    if not problem.device.endswith("sm_90") or (problem.k % 8 and not v) or problem.n <= 32:  # (n_bucket's edge)
         return []
     out = []
     for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
         if bn > max(64, problem.n * 2):  # no tile wider than twice the tokens
             continue
-        for stages in (4, 5):
+        for stages in (3, 4, 5) if v else (4, 5):  # (two boxes of x: 3 stages fit at BN = 256)
             for group_m in (4, 8, 16, 32):
                 cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m)
-                if _smem_bytes(cfg) <= SMEM_LIMIT_HOPPER:
+                boxes = wgmma_boxes(cfg, v) if v else 1
+                if boxes and _smem_bytes(cfg, boxes) <= SMEM_LIMIT_HOPPER:
                     out.append(cfg)
     return out
 
@@ -197,11 +210,15 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     row_tiles = math.ceil(problem.m / config.bm)
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
-    stages_k = 2 * math.ceil(problem.k / (2 * WGMMA_BK))
+    vnm = _vnm(problem.fmt)
+    boxes = wgmma_boxes(config, vnm[0]) if vnm else 1
+    k_kept = problem.k if vnm is None else math.ceil(problem.k / vnm[1]) * 4
+    stages_k = 2 * math.ceil(k_kept / (2 * WGMMA_BK))
     k_pad = stages_k * WGMMA_BK
     a_bytes = row_tiles * config.bm * k_pad // 2 * elt + row_tiles * config.bm * k_pad // 8  # values + metadata
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
+    copy_bytes = 2 * x_bytes if vnm and problem.layout == "linear" else 0  # V:N:M: the x^T copy
     # DRAM reads under the grouped tile order: the CTAs running at once (one per SM) cover
     # group_m row blocks x (SMs / group_m) token strips; A is read again for each such set of
     # strips and x for each group, unless both fit in L2 together
@@ -214,11 +231,11 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
         tiles=tiles,
         mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / WGMMA_SP_PEAK,
         fma_flops=0.0,
-        dram_bytes=a_bytes * a_reads + x_bytes * x_reads + y_bytes,
-        l2_bytes=strips * a_bytes + row_tiles * strips * config.bn * k_pad * elt + y_bytes,
+        dram_bytes=a_bytes * a_reads + x_bytes * x_reads + y_bytes + copy_bytes,
+        l2_bytes=strips * a_bytes + boxes * row_tiles * strips * config.bn * k_pad * elt + y_bytes + copy_bytes,
         steps_max=stages_k,
         steps_mean=float(stages_k),
-        smem_bytes=_smem_bytes(config),
+        smem_bytes=_smem_bytes(config, boxes),
         num_warps=config.num_warps,
         num_stages=config.stages,
         regs_per_thread=168,
@@ -303,6 +320,17 @@ def _pack_wgmma(A, bm: int):
     return values.contiguous(), meta.contiguous(), stages
 
 
+def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> torch.Tensor:
+    """`column_map` padded with -1 to the wgmma variant's K stages and to the row blocks its
+    BM-row tiles cover (its x gather reads zeros there)."""
+    def build():
+        cols = column_map(A)
+        blocks = max(cols.shape[0], math.ceil(A.shape[0] / bm) * bm // A.v)
+        return torch.nn.functional.pad(cols, (0, stages_k * WGMMA_BK - cols.shape[1], 0, blocks - cols.shape[0]),
+                                       value=-1).contiguous()
+    return memo(A, f"_nm_wgmma_map_{stages_k}_{bm}", build, of_values=False)
+
+
 def release_unused(A, configs) -> None:
     """Each BM of the wgmma variant keeps its own copy of the packed weight: drop the copies no
     chosen config reads."""
@@ -314,7 +342,7 @@ def release_unused(A, configs) -> None:
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
 
 
-def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: bool = False):
+def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: int = 0):
     key = (config, dtype, device.index, gather)
     kernel = _kernels.get(key)
     if kernel is None:
@@ -322,11 +350,12 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: bo
     return kernel
 
 
-def _instance(config: Config, dtype: torch.dtype, gather: bool = False):
+def _instance(config: Config, dtype: torch.dtype, gather: int = 0):
+    """gather: 0 for 2:4; V:N:M: 1 (mma), or the boxes of x per stage (wgmma)."""
     if config.variant == "wgmma":
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-            "STAGES": config.stages}, arch_specific=True)
+            "STAGES": config.stages, "GATHER": gather}, arch_specific=True)
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
         "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather),
@@ -359,7 +388,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     x_vec = int(not gather and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
     if config.stages >= 3 and not x_vec:  # the ring copies x in 16-byte vectors: the register path
         config = dataclasses.replace(config, stages=2)
-    kernel = _kernel(config, values.dtype, x.device, gather)
+    kernel = _kernel(config, values.dtype, x.device, int(gather))
     cols, map_rows = (column_map(A), A.v) if gather else (NULL, 1)
     if gather:
         K = kt * 32  # the kept columns, read through the map
@@ -369,17 +398,41 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
            kt, x.stride(0), x.stride(1), x_vec, *rest, shmem=_smem_bytes(config) if config.stages >= 3 else 0)
 
 
+_NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand
+
+
 def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
-    if isinstance(A, VNM):
-        raise ValueError("the wgmma variant runs 2:4 weights only (V:N:M gathers x on the mma variant)")
+    vnm = isinstance(A, VNM)
+    boxes = wgmma_boxes(config, A.v) if vnm else 0
+    if vnm and not boxes:
+        raise ValueError(f"a V:N:M wgmma tile covers one block of {A.v} rows or two halves, got bm={config.bm}")
     values, meta, stages_k = packed_wgmma(A, config.bm)
     M, N = A.shape[0], x.shape[0]
-    if x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
-        x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
-    kernel = _kernel(config, values.dtype, x.device)
-    x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
+    if vnm:
+        xt, ldx, n_alloc = _tokens_major(x)
+        x_map, cols, v_rows = _NO_TENSOR_MAP, wgmma_column_map(A, stages_k, config.bm), A.v
+    else:
+        if x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
+            x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
+        x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
+        xt, ldx, n_alloc, cols, v_rows = NULL, 0, 0, NULL, 1
+    kernel = _kernel(config, values.dtype, x.device, boxes)
     row_blocks = values.shape[0]
     p_bias, p_res, *rest = epilogue
     grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
-    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, out, p_bias, p_res, M, N, stages_k, row_blocks,
-           config.group_m, *rest, shmem=_smem_bytes(config))
+    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, out, p_bias, p_res, M,
+           N, stages_k, row_blocks, config.group_m, *rest, shmem=_smem_bytes(config, max(boxes, 1)))
+
+
+def _tokens_major(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """x (N, K) as x^T (K, tokens) with rows of whole 16-byte chunks: (xt, row pitch, tokens
+    readable per row). spmm's x = X.T is read in place; otherwise one copy (the tokens past N in
+    a chunk are zeros)."""
+    N, K = x.shape
+    if x.stride(0) == 1 and N % 8 == 0 and (K == 1 or x.stride(1) % 8 == 0) and x.data_ptr() % 16 == 0:
+        return x.t(), x.stride(1) if K > 1 else N, N
+    n_alloc = -(-N // 8) * 8
+    xt = torch.empty(K, n_alloc, device=x.device, dtype=x.dtype)
+    xt[:, :N].copy_(x.t())
+    xt[:, N:].zero_()
+    return xt, n_alloc, n_alloc

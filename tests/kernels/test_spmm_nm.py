@@ -170,5 +170,46 @@ def test_launch_refuses_bad_input_before_any_kernel():
     x = torch.randn(4, 64).half()
     with pytest.raises(ValueError, match="one block of 32 rows"):
         K.launch(V, x, out, K.Config(64, 8, 4, 1))  # a tile across two V-row blocks
-    with pytest.raises(ValueError, match="2:4 weights only"):
-        K.launch(V, x, out, K.Config(128, 64, 12, variant="wgmma", stages=4))
+    with pytest.raises(ValueError, match="one block of 32 rows or two halves"):
+        K.launch(V, x, out, K.Config(128, 64, 12, variant="wgmma", stages=4))  # V < BM / 2
+
+
+# ---- V:N:M on the wgmma variant: x^T's rows gathered by the producer ----
+
+def test_vnm_wgmma_space_covers_one_block_or_two_halves():
+    hopper = "NVIDIA H100 80GB HBM3 sm_90"
+    for v, m, bms in ((64, 8, {128}), (128, 8, {128, 256}), (64, 16, {128}), (32, 8, set())):
+        A = st.sparsify_weight(torch.randn(256, 256), f"{v}:2:{m}")
+        prob = Problem("linear", A.signature, 4096, 4100, 2048, "float16", A.stats(), device=hopper)  # K % 8 != 0 is fine
+        wg = [c for c in K.space(prob) if c.variant == "wgmma"]
+        assert {c.bm for c in wg} == bms, (v, m)
+        for c in wg:
+            boxes = K.wgmma_boxes(c, v)
+            assert boxes == (1 if v % c.bm == 0 else 2) and K._smem_bytes(c, boxes) <= K.SMEM_LIMIT_HOPPER
+            # the work is that of the kept columns: 4 of every m
+            assert K.features(prob, c).mma_flops < 2.0 * 4096 * 4100 * 2048 * 4 / m
+        assert not [c for c in K.space(Problem(**{**prob.__dict__, "n": 32})) if c.variant == "wgmma"]
+
+
+def test_vnm_wgmma_column_map_pads_stages_and_row_blocks():
+    A = st.sparsify_weight(torch.randn(130, 300), "64:2:8")  # 3 row blocks; 128-row tiles cover 4
+    values, meta, stages = K.packed_wgmma(A, 128)
+    cmap = K.wgmma_column_map(A, stages, 128)
+    base = K.column_map(A)
+    assert cmap.shape == (4, stages * 64) and cmap.dtype == torch.int32 and cmap.is_contiguous()
+    assert torch.equal(cmap[:3, : base.shape[1]], base)
+    assert (cmap[3] == -1).all() and (cmap[:, base.shape[1]:] == -1).all()
+    assert K.wgmma_column_map(A, stages, 128) is cmap
+
+
+def test_tokens_major_reads_spmm_layout_in_place_and_copies_otherwise():
+    X = torch.randn(72, 40).half()  # spmm's X (K, N): x = X.T is tokens-contiguous
+    xt, ldx, n_alloc = K._tokens_major(X.t())
+    assert xt.data_ptr() == X.data_ptr() and (ldx, n_alloc) == (40, 40)
+    x = torch.randn(37, 72).half()  # linear's x (N, K): one copy, tokens padded to 8 with zeros
+    xt, ldx, n_alloc = K._tokens_major(x)
+    assert xt.shape == (72, 40) and (ldx, n_alloc) == (40, 40)
+    assert torch.equal(xt[:, :37], x.t()) and not xt[:, 37:].any()
+    odd = torch.randn(72, 37).half()  # tokens not a multiple of 8: copied
+    xt, _, n_alloc = K._tokens_major(odd.t())
+    assert xt.data_ptr() != odd.data_ptr() and n_alloc == 40 and torch.equal(xt[:, :37], odd)

@@ -10,13 +10,23 @@
 //   warp), issues the stage's wgmma.sp with B (x) from shared memory, waits, and frees the stage.
 // The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
 // accumulators.
+// V:N:M (GATHER > 0): A is the 2:4 matrix over each V-row block's kept columns, and x comes as
+// x^T (K, tokens; row pitch ldx, a multiple of 8): a kept column is one contiguous row of tokens,
+// so the whole producer warpgroup gathers a stage's 64 kept columns through col_map with 16-byte
+// cp.async (zero-filled past the map and past n_alloc tokens) into wgmma's MN-major 128-byte
+// swizzled layout (B transposed), completing on the stage's barrier. GATHER = 2 when a V-row
+// block is half the tile (V = BM / 2): each consumer then has its own box of x.
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, STAGES  rows of A (128, 256), tokens (64, 128, 256), shared-memory stages
+//   GATHER  0: 2:4 (x by TMA), 1 or 2: V:N:M, boxes of gathered x per stage
 #include "epilogue.cuh"
 #include "wgmma_sp.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(BM) || !defined(BN) || !defined(STAGES)
 #error "spmm_nm_wgmma.cu needs SPARTUNE_BF16, BM, BN and STAGES"
+#endif
+#ifndef GATHER
+#define GATHER 0
 #endif
 
 constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
@@ -24,17 +34,23 @@ constexpr int BK = 32 * KS;                 // K per stage: 64 halves, one swizz
 constexpr int T = BM / 16;                  // 16-row tiles per CTA
 constexpr int WM = BM / 128;                // m64 sub-tiles per consumer warpgroup
 constexpr int ACC = BN / 2;                 // f32 accumulators per thread per m64 sub-tile
+constexpr int BOXES = GATHER ? GATHER : 1;  // boxes of x per stage
 constexpr int B_STAGE = BN * BK * 2;        // bytes of a stage's x box
 constexpr int A_STAGE = KS * T * 32 * 16;   // bytes of a stage's A values (16 per lane and tile)
 constexpr int E_STAGE = KS * T * 16 * 4;    // bytes of a stage's metadata (16 words per tile)
-constexpr unsigned STAGE_TX = B_STAGE + A_STAGE + E_STAGE;
-constexpr int PIPE_BYTES = STAGES * (B_STAGE + A_STAGE + E_STAGE);
+constexpr unsigned STAGE_TX = (GATHER ? 0 : B_STAGE) + A_STAGE + E_STAGE;  // bytes that land by TMA
+constexpr int PIPE_BYTES = STAGES * (BOXES * B_STAGE + A_STAGE + E_STAGE);
+// the gathered (MN-major) box: 8-row K groups of 64 tokens (1024 B) consecutive along K, the
+// 64-token atoms BK / 8 groups apart
+constexpr unsigned MN_SBO = 1024, MN_LBO = BK / 8 * 1024;
+constexpr int CHUNKS = BN / 8;              // 16-byte chunks of a gathered row of tokens
 constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output tile (no bank conflicts)
 constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
 constexpr int SMEM_BYTES = (PIPE_BYTES > TILE_BYTES ? PIPE_BYTES : TILE_BYTES) + 2 * STAGES * 8 + 1024;  // + alignment
 static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
+static_assert(GATHER >= 0 && GATHER <= 2, "GATHER: 0 (2:4), 1 or 2 boxes of x per stage");
 
 // CUtensorMap's layout (cuda.h): 128 opaque bytes, 64-byte aligned.
 struct alignas(64) TensorMap {
@@ -44,24 +60,28 @@ struct alignas(64) TensorMap {
 template <int R>
 __device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], unsigned long long b, unsigned e,
                                          int accumulate) {
-  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32(d, a, b, e, accumulate);
-  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32(d, a, b, e, accumulate);
-  else spartune::wgmma_sp_m64n256k32(d, a, b, e, accumulate);
+  constexpr int TB = GATHER ? 1 : 0;  // gathered x is MN-major
+  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32<TB>(d, a, b, e, accumulate);
+  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32<TB>(d, a, b, e, accumulate);
+  else spartune::wgmma_sp_m64n256k32<TB>(d, a, b, e, accumulate);
 }
 
 // a_values: (M / BM, k_stages, KS, T, 32 lanes) uint4; a_meta: (M / BM, k_stages, KS, T, 16) words
-// (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN. bias (M,) / residual
-// (N, M) may be null.
+// (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN (2:4). V:N:M: xt (K, ldx)
+// with n_alloc readable tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32.
+// bias (M,) / residual (N, M) may be null.
 extern "C" __global__ void __launch_bounds__(384, 1)
     spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
-                  const unsigned* __restrict__ a_meta, void* __restrict__ out, const void* __restrict__ bias,
-                  const void* __restrict__ residual, int M, int N, int k_stages, int row_blocks, int group_m, int son, int som, int srn,
-                  int srm, int out_code, int bias_code, int res_code, int act, float scale) {
+                  const unsigned* __restrict__ a_meta, const unsigned short* __restrict__ xt,
+                  const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, void* __restrict__ out,
+                  const void* __restrict__ bias, const void* __restrict__ residual, int M, int N, int k_stages,
+                  int row_blocks, int group_m, int son, int som, int srn, int srm, int out_code, int bias_code,
+                  int res_code, int act, float scale) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
   unsigned char* b_tiles = smem;                                            // swizzled x boxes, 1024-aligned
-  uint4* a_tiles = reinterpret_cast<uint4*>(b_tiles + STAGES * B_STAGE);
-  unsigned* e_tiles = reinterpret_cast<unsigned*>(b_tiles + STAGES * (B_STAGE + A_STAGE));
+  uint4* a_tiles = reinterpret_cast<uint4*>(b_tiles + STAGES * BOXES * B_STAGE);
+  unsigned* e_tiles = reinterpret_cast<unsigned*>(b_tiles + STAGES * (BOXES * B_STAGE + A_STAGE));
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
   unsigned long long* empty = full + STAGES;
 
@@ -73,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int mb = first_m + in_group % group_size, n0 = in_group / group_size * BN;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      spartune::mbar_init(&full[s], 1);
+      spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + every producer thread's cp.async
       spartune::mbar_init(&empty[s], 256);  // every consumer thread frees the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -81,6 +101,42 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   if (threadIdx.x < 128) {  // producer warpgroup
+#if GATHER
+    spartune::setmaxnreg_dec<56>();
+    // thread p copies chunk p % CHUNKS (8 tokens) of rows p / CHUNKS + j * ROWS_STEP of each box
+    constexpr int ROWS_STEP = 128 / CHUNKS, ROWS = BK / ROWS_STEP;
+    const int p = threadIdx.x, chunk = p % CHUNKS, row0 = p / CHUNKS;
+    const int tok = n0 + chunk * 8;
+    const bool tok_ok = tok < n_alloc;
+    const unsigned dst0 = chunk / 8 * MN_LBO, swz = chunk % 8;
+    const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
+    const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
+    for (int ks = 0; ks < k_stages; ++ks) {
+      const int s = ks % STAGES;
+      spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
+      if (p == 0) {
+        spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
+        spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
+        spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
+      }
+#pragma unroll
+      for (int box = 0; box < BOXES; ++box) {
+        const int* cols = col_map + (size_t)((mb * BM + box * (BM / 2)) / v_rows) * k_stages * BK + ks * BK;
+        unsigned char* dst = b_tiles + (s * BOXES + box) * B_STAGE + dst0;
+        int col[ROWS];
+#pragma unroll
+        for (int j = 0; j < ROWS; ++j) col[j] = __ldg(cols + row0 + j * ROWS_STEP);
+#pragma unroll
+        for (int j = 0; j < ROWS; ++j) {
+          const int k = row0 + j * ROWS_STEP;
+          const bool ok = tok_ok && col[j] >= 0;
+          const unsigned short* src = xt + (ok ? (long long)col[j] * ldx + tok : 0);
+          spartune::cp_async16_zfill(dst + k / 8 * MN_SBO + k % 8 * 128 + ((swz ^ (k % 8)) << 4), src, ok ? 16 : 0);
+        }
+      }
+      spartune::cp_async_mbar_arrive(&full[s]);
+    }
+#else
     spartune::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
@@ -94,10 +150,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
     }
+#endif
     return;
   }
 
-  spartune::setmaxnreg_inc<232>();
+  spartune::setmaxnreg_inc<GATHER ? 224 : 232>();
   const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
@@ -114,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
       const int kp = ks + p, s = kp % STAGES;
       spartune::mbar_wait(&full[s], (kp / STAGES) & 1);
+      if (GATHER) spartune::fence_proxy_async();  // the gathered x was written by cp.async
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -123,13 +181,18 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           a[p][i][kk][0] = v.x, a[p][i][kk][1] = v.y, a[p][i][kk][2] = v.z, a[p][i][kk][3] = v.w;
           e[p][i][kk] = e_tiles[s * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1)];
         }
-      const unsigned long long b_desc = spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
+      // 2:4: K-major box, a K step 64 bytes along its rows; V:N:M: this consumer's MN-major box,
+      // a K step four 8-row groups on
+      const unsigned long long b_desc =
+          GATHER ? spartune::desc_mn_major_sw128(b_tiles + (s * BOXES + (BOXES == 2 ? c : 0)) * B_STAGE, MN_LBO, MN_SBO)
+                 : spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
+      constexpr unsigned K_STEP = GATHER ? 4 * MN_SBO : 32 * 2;
       spartune::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
         for (int i = 0; i < WM; ++i)
-          wgmma_sp(acc[i], a[p][i][kk], b_desc + (kk * 32 * 2 >> 4), e[p][i][kk], kp > 0 || kk > 0);
+          wgmma_sp(acc[i], a[p][i][kk], b_desc + (kk * K_STEP >> 4), e[p][i][kk], kp > 0 || kk > 0);
       spartune::wgmma_commit();
       spartune::wgmma_wait<1>();  // stage kp - 1 (in set 1 - p) is done
       if (kp > 0) {

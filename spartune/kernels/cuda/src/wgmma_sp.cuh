@@ -80,6 +80,28 @@ __device__ __forceinline__ unsigned long long desc_k_major_sw128(const void* til
   return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
 }
 
+// Descriptor of an MN-major operand tile with 128-byte swizzle: 8-row groups along K of 64
+// halves along MN (1024 B each), groups along K `sbo` bytes apart, 64-wide MN atoms `lbo` apart.
+__device__ __forceinline__ unsigned long long desc_mn_major_sw128(const void* tile, unsigned lbo, unsigned sbo) {
+  const unsigned long long addr = smem_addr(tile);
+  return ((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32) |
+         (1ull << 62);
+}
+
+// 16 bytes by cp.async, of which `bytes` (0 or 16) read from src and the rest zero-filled.
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+// The barrier receives one arrival once every cp.async this thread issued so far has landed
+// (.noinc: the arrival counts against the barrier's expected count).
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Orders this thread's view of shared memory written through the generic proxy (cp.async,
+// ordinary stores) before its later async-proxy reads (wgmma's operands).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -90,7 +112,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // d (64 x N, f32) += A (64 x 32, 2:4: each warp's 16 rows in mma.sp m16n8k32's registers a and
-// meta, selector 0) x B (32 x N, a descriptor); scale_d = 0 overwrites d instead.
+// meta, selector 0) x B (32 x N, a descriptor: K-major, or MN-major with TRANS_B = 1); scale_d = 0
+// overwrites d instead.
+template <int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], const unsigned (&a)[4], unsigned long long b_desc,
                                                   unsigned meta, int scale_d) {
   asm volatile(
@@ -98,14 +122,15 @@ __device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], const unsigne
       "wgmma.mma_async.sp.sync.aligned.m64n64k32." SPARTUNE_WGMMA_TYPES " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, %37, 0, p, 1, 1, 0;\n}\n"
+      "}, {%32, %33, %34, %35}, %36, %37, 0, p, 1, 1, %39;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
 }
 
+template <int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_sp_m64n128k32(float (&d)[64], const unsigned (&a)[4], unsigned long long b_desc,
                                                   unsigned meta, int scale_d) {
   asm volatile(
@@ -115,7 +140,7 @@ __device__ __forceinline__ void wgmma_sp_m64n128k32(float (&d)[64], const unsign
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, %69, 0, p, 1, 1, 0;\n}\n"
+      "}, {%64, %65, %66, %67}, %68, %69, 0, p, 1, 1, %71;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -124,9 +149,10 @@ __device__ __forceinline__ void wgmma_sp_m64n128k32(float (&d)[64], const unsign
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
 }
 
+template <int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], const unsigned (&a)[4], unsigned long long b_desc,
                                                   unsigned meta, int scale_d) {
   asm volatile(
@@ -140,7 +166,7 @@ __device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], const unsig
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, {%128, %129, %130, %131}, %132, %133, 0, p, 1, 1, 0;\n}\n"
+      "}, {%128, %129, %130, %131}, %132, %133, 0, p, 1, 1, %135;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -157,7 +183,7 @@ __device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], const unsig
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
 }
 
 }  // namespace spartune

@@ -1,0 +1,132 @@
+"""2:4 and V:N:M at prefill on the sparse tensor cores, side by side in one run with cuBLAS dense
+and cuSPARSELt at its best (2:4 only): issue 14's prefill table. Per problem, the wgmma configs
+of spmm_nm's space ranked by the cost model, the best `--top` of them timed (the best one is
+checked against an fp32 reference), then the tuned `spartune.linear`. Every call is timed with
+the L2 flushed (triton's do_bench).
+
+    python benchmarks/bench_nm_prefill.py [--dtype bfloat16] [--n 2048 8192]
+        [--shapes llama7b-up ...] [--patterns 2:4 64:2:8 ...] [--top 6] [--no-tuned] [--out DIR]
+
+Prints a table last (x dense, x cuSPARSELt, fraction of the floor) and writes JSON to DIR
+(default $OUT or ./out). The floor: the kept columns' dense-equivalent flops at wgmma.sp's
+measured peak (1720 TFLOP/s), or the compulsory bytes at 3 TB/s where larger.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import spartune as st
+from spartune import dispatch
+from spartune.backends import cusparselt
+from spartune.kernels import spmm_nm as K
+from spartune.prune import sparsify_weight
+from spartune.tune.device import DeviceSpec, device_name
+from spartune.tune.model import predict
+from spartune.tune.problem import Problem
+
+SHAPES = {"llama7b-up": (11008, 4096), "llama7b-down": (4096, 11008), "llama13b-up": (13824, 5120),
+          "llama70b-up": (28672, 8192), "bert-ffn1": (3072, 768), "bert-ffn2": (768, 3072)}
+PEAK, DRAM = 1720e12, 3.0e12
+
+
+def seconds(fn) -> float:
+    return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e-3
+
+
+def kept_k(pattern: str, k: int) -> int:
+    parts = pattern.split(":")
+    return k if len(parts) == 2 else -(-k // int(parts[2])) * 4
+
+
+def floor_s(pattern, M, Kd, N) -> float:
+    kk = kept_k(pattern, Kd)
+    flops = 2.0 * M * kk * N  # dense-equivalent flops of the 2:4 product over the kept columns
+    a_bytes = M * kk // 2 * 2 * 9 // 8  # values + metadata
+    return max(flops / PEAK, (a_bytes + 2 * N * (Kd + M)) / DRAM)
+
+
+def run_case(name, M, Kd, N, pattern, dtype, top, tuned):
+    g = torch.Generator(device="cuda").manual_seed(M + Kd + N)
+    w = torch.randn(M, Kd, device="cuda", dtype=dtype, generator=g)
+    A = sparsify_weight(w, pattern)
+    wd = A.to_dense()
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype, generator=g)
+    out = torch.empty(N, M, device="cuda", dtype=dtype)
+    row = dict(shape=name, M=M, K=Kd, N=N, pattern=pattern, dtype=str(dtype).split(".")[1])
+    row["dense_s"] = seconds(lambda: F.linear(x, wd))
+    if pattern == "2:4":
+        best = float("inf")
+        for fn in (cusparselt.cusparselt_linear, cusparselt.cusparselt_search_linear):
+            try:
+                fn(A, x, out, transposed_ok=True)
+                best = min(best, seconds(lambda: fn(A, x, out, transposed_ok=True)))
+            except cusparselt.CusparseltUnsupported:
+                pass
+        row["cusparselt_s"] = best
+    prob = Problem("linear", A.signature, M, Kd, N, row["dtype"], A.stats(), device=device_name(0))
+    spec = DeviceSpec.h100()
+    configs = [c for c in K.space(prob) if c.variant == "wgmma"]
+    configs.sort(key=lambda c: predict(K.features(prob, c), spec, dtype))
+    timed = []
+    for cfg in configs[:top]:
+        K.launch(A, x, out, cfg)
+        timed.append((seconds(lambda: K.launch(A, x, out, cfg)), cfg))
+    timed.sort(key=lambda t: t[0])
+    t, cfg = timed[0]
+    K.launch(A, x, out, cfg)
+    expect = x.float() @ wd.float().T
+    err = ((out.float() - expect).norm() / expect.norm()).item()
+    if not err < 1e-2:
+        raise AssertionError(f"{name} {pattern} N={N} {cfg}: relative error {err:.3g}")
+    row.update(ours_s=t, ours_config=str(cfg), configs_timed=len(timed), space=len(configs),
+               floor_s=floor_s(pattern, M, Kd, N), timed=[(s, str(c)) for s, c in timed])
+    if tuned:
+        st.linear(x, A)  # tunes (fast mode) on first use
+        row["tuned_s"] = seconds(lambda: st.linear(x, A))
+        row["tuned_pick"] = [f"{c.backend} {c.config}" for c in dispatch._states[A].chosen.values()]
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--n", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES)[:4], choices=list(SHAPES))
+    ap.add_argument("--patterns", nargs="+", default=["2:4", "64:2:8", "128:2:8", "64:2:16"])
+    ap.add_argument("--top", type=int, default=6, help="wgmma configs timed per problem, the model's best first")
+    ap.add_argument("--no-tuned", action="store_true", help="skip the tuned spartune.linear")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for name in args.shapes:
+        M, Kd = SHAPES[name]
+        for n in args.n:
+            for pattern in args.patterns:
+                row = run_case(name, M, Kd, n, pattern, dtype, args.top, not args.no_tuned)
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "timed"}), flush=True)
+                torch.cuda.empty_cache()
+    with open(os.path.join(args.out, f"bench_nm_prefill_{args.dtype}.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\n{args.dtype}\n{'shape':<13}{'N':>5} {'pattern':>8} {'dense us':>9} {'cslt us':>8} {'ours us':>8} "
+          f"{'tuned us':>9} {'x dense':>8} {'x cslt':>7} {'tuned x':>8} {'floor':>6}  best config")
+    for r in rows:
+        d, o = r["dense_s"], r["ours_s"]
+        cs = r.get("cusparselt_s")
+        tu = r.get("tuned_s")
+        print(f"{r['shape']:<13}{r['N']:>5} {r['pattern']:>8} {d * 1e6:>9.1f} "
+              f"{cs * 1e6 if cs else float('nan'):>8.1f} {o * 1e6:>8.1f} {tu * 1e6 if tu else float('nan'):>9.1f} "
+              f"{d / o:>8.2f} {cs / o if cs else float('nan'):>7.2f} {d / tu if tu else float('nan'):>8.2f} "
+              f"{r['floor_s'] / o:>6.2f}  {r['ours_config']}")
+
+
+if __name__ == "__main__":
+    main()
