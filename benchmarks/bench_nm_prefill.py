@@ -84,6 +84,9 @@ def run_case(name, M, Kd, N, pattern, dtype, top, tuned):
     err = ((out.float() - expect).norm() / expect.norm()).item()
     if not err < 1e-2:
         raise AssertionError(f"{name} {pattern} N={N} {cfg}: relative error {err:.3g}")
+    if pattern != "2:4":  # the x^T copy inside each V:N:M call
+        from spartune.kernels.transpose import tokens_major
+        row["copy_s"] = seconds(lambda: tokens_major(x, 8))
     row.update(ours_s=t, ours_config=str(cfg), configs_timed=len(timed), space=len(configs),
                floor_s=floor_s(pattern, M, Kd, N), timed=[(s, str(c)) for s, c in timed])
     if tuned:
@@ -117,13 +120,14 @@ def main():
     with open(os.path.join(args.out, f"bench_nm_prefill_{args.dtype}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{args.dtype}\n{'shape':<13}{'N':>5} {'pattern':>8} {'dense us':>9} {'cslt us':>8} {'ours us':>8} "
-          f"{'tuned us':>9} {'x dense':>8} {'x cslt':>7} {'tuned x':>8} {'floor':>6}  best config")
+          f"{'tuned us':>9} {'copy us':>8} {'x dense':>8} {'x cslt':>7} {'tuned x':>8} {'floor':>6}  best config")
     for r in rows:
         d, o = r["dense_s"], r["ours_s"]
         cs = r.get("cusparselt_s")
         tu = r.get("tuned_s")
         print(f"{r['shape']:<13}{r['N']:>5} {r['pattern']:>8} {d * 1e6:>9.1f} "
               f"{cs * 1e6 if cs else float('nan'):>8.1f} {o * 1e6:>8.1f} {tu * 1e6 if tu else float('nan'):>9.1f} "
+              f"{r.get('copy_s', float('nan')) * 1e6:>8.1f} "
               f"{d / o:>8.2f} {cs / o if cs else float('nan'):>7.2f} {d / tu if tu else float('nan'):>8.2f} "
               f"{r['floor_s'] / o:>6.2f}  {r['ours_config']}")
 

@@ -25,6 +25,7 @@ import torch
 
 from . import cuda
 from .cuda.epilogue import NULL, epilogue_args, or_null
+from .transpose import tokens_major
 from ..formats import VNM, memo
 from ..tune.problem import KernelFeatures, Problem
 
@@ -431,8 +432,5 @@ def _tokens_major(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     N, K = x.shape
     if x.stride(0) == 1 and N % 8 == 0 and (K == 1 or x.stride(1) % 8 == 0) and x.data_ptr() % 16 == 0:
         return x.t(), x.stride(1) if K > 1 else N, N
-    n_alloc = -(-N // 8) * 8
-    xt = torch.empty(K, n_alloc, device=x.device, dtype=x.dtype)
-    xt[:, :N].copy_(x.t())
-    xt[:, N:].zero_()
-    return xt, n_alloc, n_alloc
+    xt = tokens_major(x, 8)
+    return xt, xt.shape[1], xt.shape[1]

@@ -213,3 +213,14 @@ def test_tokens_major_reads_spmm_layout_in_place_and_copies_otherwise():
     odd = torch.randn(72, 37).half()  # tokens not a multiple of 8: copied
     xt, _, n_alloc = K._tokens_major(odd.t())
     assert xt.data_ptr() != odd.data_ptr() and n_alloc == 40 and torch.equal(xt[:, :37], odd)
+
+
+@pytest.mark.parametrize("N, Kd", [(1, 1), (70, 130), (64, 64), (3, 200)])
+def test_tokens_major_transposes_any_strides(N, Kd):
+    from spartune.kernels.transpose import tokens_major
+
+    x = torch.randn(N, 2 * Kd).half()[:, ::2]  # strided
+    xt = tokens_major(x, 8)
+    pad = -(-N // 8) * 8
+    assert xt.shape == (Kd, pad) and xt.is_contiguous()
+    assert torch.equal(xt[:, :N], x.t()) and not xt[:, N:].any()

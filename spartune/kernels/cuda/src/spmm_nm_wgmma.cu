@@ -103,16 +103,25 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x < 128) {  // producer warpgroup
 #if GATHER
     spartune::setmaxnreg_dec<56>();
-    // thread p copies chunk p % CHUNKS (8 tokens) of rows p / CHUNKS + j * ROWS_STEP of each box
-    constexpr int ROWS_STEP = 128 / CHUNKS, ROWS = BK / ROWS_STEP;
-    const int p = threadIdx.x, chunk = p % CHUNKS, row0 = p / CHUNKS;
+    // thread p copies chunk p % CHUNKS (8 tokens) of rows p / CHUNKS + j * ROWS_STEP of each box.
+    // A warp's rows are 16 per box (RPW per step): lane l holds the column of box l / 16's row
+    // l % 16, loaded a stage ahead, and the copies take it by a shuffle
+    constexpr int RPW = 32 / CHUNKS, ROWS_STEP = 128 / CHUNKS, ROWS = BK / ROWS_STEP;
+    static_assert(ROWS * RPW == 16, "a warp copies 16 rows of each box per stage");
+    const int p = threadIdx.x, lane = p % 32, warp = p / 32, chunk = p % CHUNKS, sub = lane / CHUNKS;
     const int tok = n0 + chunk * 8;
     const bool tok_ok = tok < n_alloc;
     const unsigned dst0 = chunk / 8 * MN_LBO, swz = chunk % 8;
+    const int idx = lane % 16, held_box = lane / 16;
+    const bool holds = held_box < BOXES;
+    const int* held_cols = col_map + (size_t)((mb * BM + held_box * (BM / 2)) / v_rows) * k_stages * BK +
+                           warp * RPW + idx % RPW + idx / RPW * ROWS_STEP;
+    int next = holds ? __ldg(held_cols) : -1;
     const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
     const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
     for (int ks = 0; ks < k_stages; ++ks) {
-      const int s = ks % STAGES;
+      const int s = ks % STAGES, held = next;
+      if (holds && ks + 1 < k_stages) next = __ldg(held_cols + (ks + 1) * BK);  // under this stage's wait
       spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
       if (p == 0) {
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
@@ -121,16 +130,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
 #pragma unroll
       for (int box = 0; box < BOXES; ++box) {
-        const int* cols = col_map + (size_t)((mb * BM + box * (BM / 2)) / v_rows) * k_stages * BK + ks * BK;
         unsigned char* dst = b_tiles + (s * BOXES + box) * B_STAGE + dst0;
-        int col[ROWS];
-#pragma unroll
-        for (int j = 0; j < ROWS; ++j) col[j] = __ldg(cols + row0 + j * ROWS_STEP);
 #pragma unroll
         for (int j = 0; j < ROWS; ++j) {
-          const int k = row0 + j * ROWS_STEP;
-          const bool ok = tok_ok && col[j] >= 0;
-          const unsigned short* src = xt + (ok ? (long long)col[j] * ldx + tok : 0);
+          const int col = __shfl_sync(0xffffffffu, held, box * 16 + j * RPW + sub);
+          const int k = warp * RPW + sub + j * ROWS_STEP;
+          const bool ok = tok_ok && col >= 0;
+          const unsigned short* src = xt + (ok ? (long long)col * ldx + tok : 0);
           spartune::cp_async16_zfill(dst + k / 8 * MN_SBO + k % 8 * 128 + ((swz ^ (k % 8)) << 4), src, ok ? 16 : 0);
         }
       }
