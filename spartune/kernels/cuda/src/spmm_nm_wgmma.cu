@@ -28,6 +28,15 @@
 #ifndef GATHER
 #define GATHER 0
 #endif
+#ifndef GATHER_WARPS
+#define GATHER_WARPS 4  // producer warps that gather x (1, 2 or 4)
+#endif
+#ifndef B_MN_TMA
+#define B_MN_TMA 0  // 2:4 with x^T (K, tokens) by TMA, MN-major like the gathered boxes (probe)
+#endif
+#ifndef PROXY_FENCE
+#define PROXY_FENCE 1  // 0 only to measure the fence's cost
+#endif
 
 constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
 constexpr int BK = 32 * KS;                 // K per stage: 64 halves, one swizzled row of x
@@ -43,6 +52,7 @@ constexpr int PIPE_BYTES = STAGES * (BOXES * B_STAGE + A_STAGE + E_STAGE);
 // the gathered (MN-major) box: 8-row K groups of 64 tokens (1024 B) consecutive along K, the
 // 64-token atoms BK / 8 groups apart
 constexpr unsigned MN_SBO = 1024, MN_LBO = BK / 8 * 1024;
+constexpr bool MN_MAJOR = GATHER || B_MN_TMA;  // x's box is tokens-contiguous (B transposed)
 constexpr int CHUNKS = BN / 8;              // 16-byte chunks of a gathered row of tokens
 constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output tile (no bank conflicts)
 constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
@@ -60,7 +70,7 @@ struct alignas(64) TensorMap {
 template <int R>
 __device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], unsigned long long b, unsigned e,
                                          int accumulate) {
-  constexpr int TB = GATHER ? 1 : 0;  // gathered x is MN-major
+  constexpr int TB = MN_MAJOR ? 1 : 0;
   if constexpr (R == 32) spartune::wgmma_sp_m64n64k32<TB>(d, a, b, e, accumulate);
   else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32<TB>(d, a, b, e, accumulate);
   else spartune::wgmma_sp_m64n256k32<TB>(d, a, b, e, accumulate);
@@ -93,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int mb = first_m + in_group % group_size, n0 = in_group / group_size * BN;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + every producer thread's cp.async
+      spartune::mbar_init(&full[s], GATHER ? 32 * GATHER_WARPS + 1 : 1);  // V:N:M: + each gathering thread's cp.async
       spartune::mbar_init(&empty[s], 256);  // every consumer thread frees the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -102,26 +112,39 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   if (threadIdx.x < 128) {  // producer warpgroup
 #if GATHER
-    spartune::setmaxnreg_dec<56>();
-    // thread p copies chunk p % CHUNKS (8 tokens) of rows p / CHUNKS + j * ROWS_STEP of each box.
-    // A warp's rows are 16 per box (RPW per step): lane l holds the column of box l / 16's row
-    // l % 16, loaded a stage ahead, and the copies take it by a shuffle
-    constexpr int RPW = 32 / CHUNKS, ROWS_STEP = 128 / CHUNKS, ROWS = BK / ROWS_STEP;
-    static_assert(ROWS * RPW == 16, "a warp copies 16 rows of each box per stage");
-    const int p = threadIdx.x, lane = p % 32, warp = p / 32, chunk = p % CHUNKS, sub = lane / CHUNKS;
+    spartune::setmaxnreg_dec<GATHER_WARPS == 4 ? 56 : 96>();  // fewer warps: more rows each
+    // the first GATHER_WARPS warps copy: thread p chunk p % CHUNKS (8 tokens) of rows
+    // p / CHUNKS + j * ROWS_STEP of each box. A warp's rows (RW per box, RPW per step) have their
+    // columns in the warp's registers, loaded a stage ahead: register h of lane l holds row
+    // number (32 h + l) % RW of box (32 h + l) / RW; the copies take them by shuffles
+    constexpr int G = 32 * GATHER_WARPS, RPW = 32 / CHUNKS, ROWS_STEP = G / CHUNKS, ROWS = BK / ROWS_STEP;
+    constexpr int RW = ROWS * RPW, HELD = (RW * BOXES + 31) / 32;
+    const int p = threadIdx.x;
+    if (p >= G) return;
+    const int lane = p % 32, warp = p / 32, chunk = p % CHUNKS, sub = lane / CHUNKS;
     const int tok = n0 + chunk * 8;
     const bool tok_ok = tok < n_alloc;
     const unsigned dst0 = chunk / 8 * MN_LBO, swz = chunk % 8;
-    const int idx = lane % 16, held_box = lane / 16;
-    const bool holds = held_box < BOXES;
-    const int* held_cols = col_map + (size_t)((mb * BM + held_box * (BM / 2)) / v_rows) * k_stages * BK +
-                           warp * RPW + idx % RPW + idx / RPW * ROWS_STEP;
-    int next = holds ? __ldg(held_cols) : -1;
+    const int* held_cols[HELD];
+    int next[HELD];
+#pragma unroll
+    for (int h = 0; h < HELD; ++h) {
+      const int i = 32 * h + lane, box = i / RW, r = i % RW;
+      held_cols[h] = box < BOXES ? col_map + (size_t)((mb * BM + box * (BM / 2)) / v_rows) * k_stages * BK +
+                                       warp * RPW + r % RPW + r / RPW * ROWS_STEP
+                                 : nullptr;
+      next[h] = held_cols[h] ? __ldg(held_cols[h]) : -1;
+    }
     const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
     const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
     for (int ks = 0; ks < k_stages; ++ks) {
-      const int s = ks % STAGES, held = next;
-      if (holds && ks + 1 < k_stages) next = __ldg(held_cols + (ks + 1) * BK);  // under this stage's wait
+      const int s = ks % STAGES;
+      int held[HELD];
+#pragma unroll
+      for (int h = 0; h < HELD; ++h) {
+        held[h] = next[h];
+        if (held_cols[h] && ks + 1 < k_stages) next[h] = __ldg(held_cols[h] + (ks + 1) * BK);  // under the wait
+      }
       spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
       if (p == 0) {
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
@@ -133,7 +156,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         unsigned char* dst = b_tiles + (s * BOXES + box) * B_STAGE + dst0;
 #pragma unroll
         for (int j = 0; j < ROWS; ++j) {
-          const int col = __shfl_sync(0xffffffffu, held, box * 16 + j * RPW + sub);
+          const int i = box * RW + j * RPW;  // + sub: the same register across the warp
+          const int col = __shfl_sync(0xffffffffu, held[i / 32], i % 32 + sub);
           const int k = warp * RPW + sub + j * ROWS_STEP;
           const bool ok = tok_ok && col >= 0;
           const unsigned short* src = xt + (ok ? (long long)col * ldx + tok : 0);
@@ -151,7 +175,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const int s = ks % STAGES;
         spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
+#if B_MN_TMA
+#pragma unroll
+        for (int a = 0; a < BN / 64; ++a)  // 64 tokens x BK rows of x^T: one MN-major atom column
+          spartune::tma_load_2d(b_tiles + s * B_STAGE + a * MN_LBO, &x_map, n0 + 64 * a, ks * BK, &full[s]);
+#else
         spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
+#endif
         spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
         spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
@@ -160,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  spartune::setmaxnreg_inc<GATHER ? 224 : 232>();
+  spartune::setmaxnreg_inc<!GATHER ? 232 : GATHER_WARPS == 4 ? 224 : 208>();
   const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
@@ -177,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
       const int kp = ks + p, s = kp % STAGES;
       spartune::mbar_wait(&full[s], (kp / STAGES) & 1);
-      if (GATHER) spartune::fence_proxy_async();  // the gathered x was written by cp.async
+      if (GATHER && PROXY_FENCE) spartune::fence_proxy_async();  // the gathered x was written by cp.async
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -190,9 +220,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       // 2:4: K-major box, a K step 64 bytes along its rows; V:N:M: this consumer's MN-major box,
       // a K step four 8-row groups on
       const unsigned long long b_desc =
-          GATHER ? spartune::desc_mn_major_sw128(b_tiles + (s * BOXES + (BOXES == 2 ? c : 0)) * B_STAGE, MN_LBO, MN_SBO)
+          MN_MAJOR ? spartune::desc_mn_major_sw128(b_tiles + (s * BOXES + (BOXES == 2 ? c : 0)) * B_STAGE, MN_LBO, MN_SBO)
                  : spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
-      constexpr unsigned K_STEP = GATHER ? 4 * MN_SBO : 32 * 2;
+      constexpr unsigned K_STEP = MN_MAJOR ? 4 * MN_SBO : 32 * 2;
       spartune::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk)
