@@ -51,13 +51,15 @@ def timed(label, A, fn):
 
 weights = {p: sparsify_weight(w, p) for p in ("2:4", "128:2:4", "128:2:8", "64:2:8")}
 xk = X.T.contiguous()
+import sys
+ONLY_WARPS = "--warps" in sys.argv  # the gathering-warps variants only
 for bn, stages in ((256, 4), (128, 5)):
     cfg = K.Config(128, bn, 12, variant="wgmma", stages=stages, group_m=16)
     with_defines({})
     timed(f"2:4 K-major TMA bn={bn}", weights["2:4"], lambda: K.launch(weights["2:4"], xk, out, cfg))
     with_defines({"B_MN_TMA": 1})
     timed(f"2:4 MN-major TMA bn={bn}", weights["2:4"], mn_tma_launch(weights["2:4"], cfg))
-    for extra in ({}, {"PROXY_FENCE": 0}, {"GATHER_WARPS": 2}, {"GATHER_WARPS": 1}):
+    for extra in ({"GATHER_WARPS": 2}, {"GATHER_WARPS": 1}) if ONLY_WARPS else ({}, {"PROXY_FENCE": 0}, {"GATHER_WARPS": 2}, {"GATHER_WARPS": 1}):
         if extra.get("GATHER_WARPS") == 1 and bn == 256:
             continue  # (its 64 rows per thread spill)
         with_defines(extra)

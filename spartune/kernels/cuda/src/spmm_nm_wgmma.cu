@@ -190,7 +190,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  spartune::setmaxnreg_inc<!GATHER ? 232 : GATHER_WARPS == 4 ? 224 : 208>();
+  // (a CTA's pool: what the producers give back is what the consumers may take, 128 + 256 threads)
+  spartune::setmaxnreg_inc<!GATHER ? 232 : GATHER_WARPS == 4 ? 224 : 200>();
   const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
