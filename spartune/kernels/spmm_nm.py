@@ -124,6 +124,8 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
     # weight faster (measured at N = 1 and 16, LOG "spmm_nm mma variant, v3"): decode is mma's
     if not problem.device.endswith("sm_90") or (problem.k % 8 and not v) or problem.n <= 32:  # (n_bucket's edge)
         return []
+    if v and problem.k * (problem.n + 8) >= 2**31:  # the gather's 32-bit offsets into x^T
+        return []
     out = []
     for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
         if bn > max(64, problem.n * 2):  # no tile wider than twice the tokens
@@ -410,6 +412,8 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     values, meta, stages_k = packed_wgmma(A, config.bm)
     M, N = A.shape[0], x.shape[0]
     if vnm:
+        if A.shape[1] * max(x.stride(1), -(-N // 8) * 8) >= 2**31:
+            raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
         xt, ldx, n_alloc = _tokens_major(x)
         x_map, cols, v_rows = _NO_TENSOR_MAP, wgmma_column_map(A, stages_k, config.bm), A.v
     else:

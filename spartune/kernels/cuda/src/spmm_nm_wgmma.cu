@@ -115,8 +115,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     spartune::setmaxnreg_dec<GATHER_WARPS == 4 ? 56 : 96>();  // fewer warps: more rows each
     // the first GATHER_WARPS warps copy: thread p chunk p % CHUNKS (8 tokens) of rows
     // p / CHUNKS + j * ROWS_STEP of each box. A warp's rows (RW per box, RPW per step) have their
-    // columns in the warp's registers, loaded a stage ahead: register h of lane l holds row
-    // number (32 h + l) % RW of box (32 h + l) / RW; the copies take them by shuffles
+    // offsets in x^T (column x ldx, -1 past the map; the host keeps them below 2^31) in the warp's
+    // registers, loaded a stage ahead: register h of lane l holds row number (32 h + l) % RW of
+    // box (32 h + l) / RW; the copies take them by shuffles
     constexpr int G = 32 * GATHER_WARPS, RPW = 32 / CHUNKS, ROWS_STEP = G / CHUNKS, ROWS = BK / ROWS_STEP;
     constexpr int RW = ROWS * RPW, HELD = (RW * BOXES + 31) / 32;
     const int p = threadIdx.x;
@@ -125,6 +126,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const int tok = n0 + chunk * 8;
     const bool tok_ok = tok < n_alloc;
     const unsigned dst0 = chunk / 8 * MN_LBO, swz = chunk % 8;
+    xt += tok;
     const int* held_cols[HELD];
     int next[HELD];
 #pragma unroll
@@ -142,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       int held[HELD];
 #pragma unroll
       for (int h = 0; h < HELD; ++h) {
-        held[h] = next[h];
+        held[h] = next[h] >= 0 ? next[h] * ldx : -1;  // loaded during the previous stage
         if (held_cols[h] && ks + 1 < k_stages) next[h] = __ldg(held_cols[h] + (ks + 1) * BK);  // under the wait
       }
       spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
@@ -157,10 +159,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int j = 0; j < ROWS; ++j) {
           const int i = box * RW + j * RPW;  // + sub: the same register across the warp
-          const int col = __shfl_sync(0xffffffffu, held[i / 32], i % 32 + sub);
+          const int offset = __shfl_sync(0xffffffffu, held[i / 32], i % 32 + sub);
           const int k = warp * RPW + sub + j * ROWS_STEP;
-          const bool ok = tok_ok && col >= 0;
-          const unsigned short* src = xt + (ok ? (long long)col * ldx + tok : 0);
+          const bool ok = tok_ok && offset >= 0;
+          const unsigned short* src = xt + (ok ? offset : 0);
           spartune::cp_async16_zfill(dst + k / 8 * MN_SBO + k % 8 * 128 + ((swz ^ (k % 8)) << 4), src, ok ? 16 : 0);
         }
       }
