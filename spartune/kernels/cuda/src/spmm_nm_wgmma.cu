@@ -28,15 +28,6 @@
 #ifndef GATHER
 #define GATHER 0
 #endif
-#ifndef GATHER_WARPS
-#define GATHER_WARPS 4  // producer warps that gather x (1, 2 or 4)
-#endif
-#ifndef B_MN_TMA
-#define B_MN_TMA 0  // 2:4 with x^T (K, tokens) by TMA, MN-major like the gathered boxes (probe)
-#endif
-#ifndef PROXY_FENCE
-#define PROXY_FENCE 1  // 0 only to measure the fence's cost
-#endif
 
 constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
 constexpr int BK = 32 * KS;                 // K per stage: 64 halves, one swizzled row of x
@@ -52,7 +43,7 @@ constexpr int PIPE_BYTES = STAGES * (BOXES * B_STAGE + A_STAGE + E_STAGE);
 // the gathered (MN-major) box: 8-row K groups of 64 tokens (1024 B) consecutive along K, the
 // 64-token atoms BK / 8 groups apart
 constexpr unsigned MN_SBO = 1024, MN_LBO = BK / 8 * 1024;
-constexpr bool MN_MAJOR = GATHER || B_MN_TMA;  // x's box is tokens-contiguous (B transposed)
+constexpr bool MN_MAJOR = GATHER;  // the gathered boxes are tokens-contiguous (B transposed)
 constexpr int CHUNKS = BN / 8;              // 16-byte chunks of a gathered row of tokens
 constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output tile (no bank conflicts)
 constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
@@ -103,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int mb = first_m + in_group % group_size, n0 = in_group / group_size * BN;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      spartune::mbar_init(&full[s], GATHER ? 32 * GATHER_WARPS + 1 : 1);  // V:N:M: + each gathering thread's cp.async
+      spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + each producer thread's cp.async
       spartune::mbar_init(&empty[s], 256);  // every consumer thread frees the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -112,16 +103,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   if (threadIdx.x < 128) {  // producer warpgroup
 #if GATHER
-    spartune::setmaxnreg_dec<GATHER_WARPS == 4 ? 56 : 96>();  // fewer warps: more rows each
-    // the first GATHER_WARPS warps copy: thread p chunk p % CHUNKS (8 tokens) of rows
+    spartune::setmaxnreg_dec<56>();
+    // thread p copies chunk p % CHUNKS (8 tokens) of rows
     // p / CHUNKS + j * ROWS_STEP of each box. A warp's rows (RW per box, RPW per step) have their
     // offsets in x^T (column x ldx, -1 past the map; the host keeps them below 2^31) in the warp's
     // registers, loaded a stage ahead: register h of lane l holds row number (32 h + l) % RW of
     // box (32 h + l) / RW; the copies take them by shuffles
-    constexpr int G = 32 * GATHER_WARPS, RPW = 32 / CHUNKS, ROWS_STEP = G / CHUNKS, ROWS = BK / ROWS_STEP;
+    constexpr int G = 128, RPW = 32 / CHUNKS, ROWS_STEP = G / CHUNKS, ROWS = BK / ROWS_STEP;
     constexpr int RW = ROWS * RPW, HELD = (RW * BOXES + 31) / 32;
     const int p = threadIdx.x;
-    if (p >= G) return;
     const int lane = p % 32, warp = p / 32, chunk = p % CHUNKS, sub = lane / CHUNKS;
     const int tok = n0 + chunk * 8;
     const bool tok_ok = tok < n_alloc;
@@ -177,13 +167,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const int s = ks % STAGES;
         spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
-#if B_MN_TMA
-#pragma unroll
-        for (int a = 0; a < BN / 64; ++a)  // 64 tokens x BK rows of x^T: one MN-major atom column
-          spartune::tma_load_2d(b_tiles + s * B_STAGE + a * MN_LBO, &x_map, n0 + 64 * a, ks * BK, &full[s]);
-#else
         spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
-#endif
         spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
         spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
@@ -192,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  // (a CTA's pool: what the producers give back is what the consumers may take, 128 + 256 threads)
-  spartune::setmaxnreg_inc<!GATHER ? 232 : GATHER_WARPS == 4 ? 224 : 200>();
+  // (a CTA's pool: what the producers give back is what the consumers may take; taking more deadlocks)
+  spartune::setmaxnreg_inc<GATHER ? 224 : 232>();
   const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
@@ -210,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
       const int kp = ks + p, s = kp % STAGES;
       spartune::mbar_wait(&full[s], (kp / STAGES) & 1);
-      if (GATHER && PROXY_FENCE) spartune::fence_proxy_async();  // the gathered x was written by cp.async
+      if (GATHER) spartune::fence_proxy_async();  // the gathered x was written by cp.async
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
