@@ -369,6 +369,8 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
            scale=1.0):
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
     M, N = A.shape[0], x.shape[0]
+    if x.dim() != 2 or x.shape[1] != A.shape[1]:
+        raise ValueError(f"x must be (N, {A.shape[1]}) for a weight of shape {tuple(A.shape)}, got {tuple(x.shape)}")
     if N == 0 or M == 0:
         return out
     if x.dtype != A.dtype:
@@ -409,11 +411,11 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     boxes = wgmma_boxes(config, A.v) if vnm else 0
     if vnm and not boxes:
         raise ValueError(f"a V:N:M wgmma tile covers one block of {A.v} rows or two halves, got bm={config.bm}")
-    values, meta, stages_k = packed_wgmma(A, config.bm)
     M, N = A.shape[0], x.shape[0]
+    if vnm and A.shape[1] * (-(-N // 8) * 8) >= 2**31:
+        raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
+    values, meta, stages_k = packed_wgmma(A, config.bm)
     if vnm:
-        if A.shape[1] * max(x.stride(1), -(-N // 8) * 8) >= 2**31:
-            raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
         xt, ldx, n_alloc = _tokens_major(x)
         x_map, cols, v_rows = _NO_TENSOR_MAP, wgmma_column_map(A, stages_k, config.bm), A.v
     else:
@@ -422,7 +424,7 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
         x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
         xt, ldx, n_alloc, cols, v_rows = NULL, 0, 0, NULL, 1
     kernel = _kernel(config, values.dtype, x.device, boxes)
-    row_blocks = values.shape[0]
+    row_blocks = math.ceil(M / config.bm)  # (a V:N:M weight's rows pad to V, which may pass them)
     p_bias, p_res, *rest = epilogue
     grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
     kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, out, p_bias, p_res, M,
@@ -431,10 +433,11 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
 
 def _tokens_major(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """x (N, K) as x^T (K, tokens) with rows of whole 16-byte chunks: (xt, row pitch, tokens
-    readable per row). spmm's x = X.T is read in place; otherwise one copy (the tokens past N in
-    a chunk are zeros)."""
+    readable per row). spmm's x = X.T is read in place (where the kernel's 32-bit offsets reach
+    its last row); otherwise one copy (the tokens past N in a chunk are zeros)."""
     N, K = x.shape
-    if x.stride(0) == 1 and N % 8 == 0 and (K == 1 or x.stride(1) % 8 == 0) and x.data_ptr() % 16 == 0:
+    if x.stride(0) == 1 and N % 8 == 0 and (K == 1 or x.stride(1) % 8 == 0) and x.data_ptr() % 16 == 0 \
+            and K * x.stride(1) < 2**31:
         return x.t(), x.stride(1) if K > 1 else N, N
     xt = tokens_major(x, 8)
     return xt, xt.shape[1], xt.shape[1]

@@ -172,6 +172,8 @@ def test_launch_refuses_bad_input_before_any_kernel():
         K.launch(V, x, out, K.Config(64, 8, 4, 1))  # a tile across two V-row blocks
     with pytest.raises(ValueError, match="one block of 32 rows or two halves"):
         K.launch(V, x, out, K.Config(128, 64, 12, variant="wgmma", stages=4))  # V < BM / 2
+    with pytest.raises(ValueError, match=r"x must be \(N, 64\)"):
+        K.launch(V, x[:, :40], out, K.Config(128, 64, 12, variant="wgmma", stages=4))  # x narrower than K
 
 
 # ---- V:N:M on the wgmma variant: x^T's rows gathered by the producer ----
@@ -183,11 +185,13 @@ def test_vnm_wgmma_space_covers_one_block_or_two_halves():
         prob = Problem("linear", A.signature, 4096, 4100, 2048, "float16", A.stats(), device=hopper)  # K % 8 != 0 is fine
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
         assert {c.bm for c in wg} == bms, (v, m)
+        kept = -(-4100 // m) * 4  # the work is that of the kept columns: 4 of every m, in stage pairs
+        k_pad = -(-kept // 128) * 128
         for c in wg:
-            boxes = K.wgmma_boxes(c, v)
-            assert boxes == (1 if v % c.bm == 0 else 2) and K._smem_bytes(c, boxes) <= K.SMEM_LIMIT_HOPPER
-            # the work is that of the kept columns: 4 of every m
-            assert K.features(prob, c).mma_flops < 2.0 * 4096 * 4100 * 2048 * 4 / m
+            assert K.wgmma_boxes(c, v) == (1 if v % c.bm == 0 else 2)
+            tiles = -(-4096 // c.bm) * -(-2048 // c.bn)
+            expect = 2.0 * tiles * c.bm * c.bn * k_pad * K.DENSE_PEAK / K.WGMMA_SP_PEAK
+            assert K.features(prob, c).mma_flops == pytest.approx(expect)
         assert not [c for c in K.space(Problem(**{**prob.__dict__, "n": 32})) if c.variant == "wgmma"]
 
 

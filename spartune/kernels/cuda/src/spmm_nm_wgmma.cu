@@ -158,6 +158,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
       spartune::cp_async_mbar_arrive(&full[s]);
     }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copies in flight past the thread's exit
 #else
     spartune::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
