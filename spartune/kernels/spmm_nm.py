@@ -323,14 +323,18 @@ def _pack_wgmma(A, bm: int):
     return values.contiguous(), meta.contiguous(), stages
 
 
-def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> torch.Tensor:
-    """`column_map` padded with -1 to the wgmma variant's K stages and to the row blocks its
-    BM-row tiles cover (its x gather reads zeros there)."""
+def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> tuple[torch.Tensor, int]:
+    """(`column_map` padded with -1 to the wgmma variant's K stages and to the row blocks its
+    BM-row tiles cover (its x gather reads zeros there), the stages before the first -1 of any
+    block: the kernel's copies skip the check there)."""
     def build():
         cols = column_map(A)
         blocks = max(cols.shape[0], math.ceil(A.shape[0] / bm) * bm // A.v)
-        return torch.nn.functional.pad(cols, (0, stages_k * WGMMA_BK - cols.shape[1], 0, blocks - cols.shape[0]),
+        cols = torch.nn.functional.pad(cols, (0, stages_k * WGMMA_BK - cols.shape[1], 0, blocks - cols.shape[0]),
                                        value=-1).contiguous()
+        gaps = torch.nonzero((cols < 0).any(0))
+        full = int(gaps[0, 0]) // WGMMA_BK if len(gaps) else stages_k
+        return cols, full
     return memo(A, f"_nm_wgmma_map_{stages_k}_{bm}", build, of_values=False)
 
 
@@ -417,17 +421,17 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     values, meta, stages_k = packed_wgmma(A, config.bm)
     if vnm:
         xt, ldx, n_alloc = _tokens_major(x)
-        x_map, cols, v_rows = _NO_TENSOR_MAP, wgmma_column_map(A, stages_k, config.bm), A.v
+        (cols, full_stages), x_map, v_rows = wgmma_column_map(A, stages_k, config.bm), _NO_TENSOR_MAP, A.v
     else:
         if x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
             x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
         x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
-        xt, ldx, n_alloc, cols, v_rows = NULL, 0, 0, NULL, 1
+        xt, ldx, n_alloc, cols, v_rows, full_stages = NULL, 0, 0, NULL, 1, 0
     kernel = _kernel(config, values.dtype, x.device, boxes)
     row_blocks = math.ceil(M / config.bm)  # (a V:N:M weight's rows pad to V, which may pass them)
     p_bias, p_res, *rest = epilogue
     grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
-    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, out, p_bias, p_res, M,
+    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,
            N, stages_k, row_blocks, config.group_m, *rest, shmem=_smem_bytes(config, max(boxes, 1)))
 
 

@@ -198,12 +198,16 @@ def test_vnm_wgmma_space_covers_one_block_or_two_halves():
 def test_vnm_wgmma_column_map_pads_stages_and_row_blocks():
     A = st.sparsify_weight(torch.randn(130, 300), "64:2:8")  # 3 row blocks; 128-row tiles cover 4
     values, meta, stages = K.packed_wgmma(A, 128)
-    cmap = K.wgmma_column_map(A, stages, 128)
+    cmap, full = K.wgmma_column_map(A, stages, 128)
     base = K.column_map(A)
     assert cmap.shape == (4, stages * 64) and cmap.dtype == torch.int32 and cmap.is_contiguous()
     assert torch.equal(cmap[:3, : base.shape[1]], base)
     assert (cmap[3] == -1).all() and (cmap[:, base.shape[1]:] == -1).all()
-    assert K.wgmma_column_map(A, stages, 128) is cmap
+    assert full == 0  # the padding block has no column: every stage is checked
+    assert K.wgmma_column_map(A, stages, 128)[0] is cmap
+    B = st.sparsify_weight(torch.randn(256, 1000), "64:2:8")  # 125 column blocks: 500 kept, K' pads to 512
+    bmap, bfull = K.wgmma_column_map(B, K.packed_wgmma(B, 128)[2], 128)
+    assert bfull == 7 and (bmap[:, : 7 * 64] >= 0).all() and (bmap[:, 7 * 64:] < 0).any()
 
 
 def test_tokens_major_reads_spmm_layout_in_place_and_copies_otherwise():

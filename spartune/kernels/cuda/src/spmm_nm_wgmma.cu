@@ -67,14 +67,38 @@ __device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], 
   else spartune::wgmma_sp_m64n256k32<TB>(d, a, b, e, accumulate);
 }
 
+// V:N:M: one stage's copies of this producer thread into the stage's boxes (MN-major, 128-byte
+// swizzle), the rows' byte offsets in x^T taken from `held` by shuffles (~0: past the map, zeros
+// when CHECK).
+template <bool CHECK, int NBOX, int ROWS, int RPW, int RW, int ROWS_STEP, int HELD>
+__device__ __forceinline__ void gather_stage(unsigned char* dst, const char* base, const unsigned (&held)[HELD],
+                                             int warp, int sub, unsigned swz) {
+#pragma unroll
+  for (int box = 0; box < NBOX; ++box)
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) {
+      const int i = box * RW + j * RPW;  // + sub: the same register across the warp
+      const unsigned offset = __shfl_sync(0xffffffffu, held[i / 32], i % 32 + sub);
+      const int k = warp * RPW + sub + j * ROWS_STEP;
+      unsigned char* to = dst + box * B_STAGE + k / 8 * MN_SBO + k % 8 * 128 + ((swz ^ (k % 8)) << 4);
+      if (CHECK) {
+        const bool ok = offset != ~0u;
+        spartune::cp_async16_zfill(to, base + (ok ? offset : 0u), ok ? 16 : 0);
+      } else {
+        spartune::cp_async16(to, base + offset);
+      }
+    }
+}
+
 // a_values: (M / BM, k_stages, KS, T, 32 lanes) uint4; a_meta: (M / BM, k_stages, KS, T, 16) words
 // (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN (2:4). V:N:M: xt (K, ldx)
-// with n_alloc readable tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32.
-// bias (M,) / residual (N, M) may be null.
+// with n_alloc readable tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32 with
+// no -1 before stage full_stages. bias (M,) / residual (N, M) may be null.
 extern "C" __global__ void __launch_bounds__(384, 1)
     spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
                   const unsigned* __restrict__ a_meta, const unsigned short* __restrict__ xt,
-                  const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, void* __restrict__ out,
+                  const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
+                  void* __restrict__ out,
                   const void* __restrict__ bias, const void* __restrict__ residual, int M, int N, int k_stages,
                   int row_blocks, int group_m, int son, int som, int srn, int srm, int out_code, int bias_code,
                   int res_code, int act, float scale) {
@@ -104,19 +128,19 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x < 128) {  // producer warpgroup
 #if GATHER
     spartune::setmaxnreg_dec<56>();
-    // thread p copies chunk p % CHUNKS (8 tokens) of rows
-    // p / CHUNKS + j * ROWS_STEP of each box. A warp's rows (RW per box, RPW per step) have their
-    // offsets in x^T (column x ldx, -1 past the map; the host keeps them below 2^31) in the warp's
-    // registers, loaded a stage ahead: register h of lane l holds row number (32 h + l) % RW of
-    // box (32 h + l) / RW; the copies take them by shuffles
+    // thread p copies chunk p % CHUNKS (8 tokens) of rows p / CHUNKS + j * ROWS_STEP of each box.
+    // A warp's rows (RW per box, RPW per step) have their byte offsets in x^T (column x pitch;
+    // ~0 past the map; the host keeps them below 2^32) in the warp's registers, loaded a stage
+    // ahead: register h of lane l holds row number (32 h + l) % RW of box (32 h + l) / RW; the
+    // copies take them by shuffles. Stages before full_stages have no column past the map, so
+    // their copies skip the check (a 64-bit add and the copy); tokens past n_alloc read the last
+    // chunk instead, whose products land in columns never stored.
     constexpr int G = 128, RPW = 32 / CHUNKS, ROWS_STEP = G / CHUNKS, ROWS = BK / ROWS_STEP;
     constexpr int RW = ROWS * RPW, HELD = (RW * BOXES + 31) / 32;
     const int p = threadIdx.x;
     const int lane = p % 32, warp = p / 32, chunk = p % CHUNKS, sub = lane / CHUNKS;
-    const int tok = n0 + chunk * 8;
-    const bool tok_ok = tok < n_alloc;
+    const char* base = reinterpret_cast<const char*>(xt + min(n0 + chunk * 8, n_alloc - 8));
     const unsigned dst0 = chunk / 8 * MN_LBO, swz = chunk % 8;
-    xt += tok;
     const int* held_cols[HELD];
     int next[HELD];
 #pragma unroll
@@ -131,10 +155,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
     for (int ks = 0; ks < k_stages; ++ks) {
       const int s = ks % STAGES;
-      int held[HELD];
+      unsigned held[HELD];
 #pragma unroll
       for (int h = 0; h < HELD; ++h) {
-        held[h] = next[h] >= 0 ? next[h] * ldx : -1;  // loaded during the previous stage
+        held[h] = next[h] >= 0 ? (unsigned)next[h] * (unsigned)ldx * 2u : ~0u;  // loaded during the previous stage
         if (held_cols[h] && ks + 1 < k_stages) next[h] = __ldg(held_cols[h] + (ks + 1) * BK);  // under the wait
       }
       spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
@@ -143,19 +167,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
         spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
-#pragma unroll
-      for (int box = 0; box < BOXES; ++box) {
-        unsigned char* dst = b_tiles + (s * BOXES + box) * B_STAGE + dst0;
-#pragma unroll
-        for (int j = 0; j < ROWS; ++j) {
-          const int i = box * RW + j * RPW;  // + sub: the same register across the warp
-          const int offset = __shfl_sync(0xffffffffu, held[i / 32], i % 32 + sub);
-          const int k = warp * RPW + sub + j * ROWS_STEP;
-          const bool ok = tok_ok && offset >= 0;
-          const unsigned short* src = xt + (ok ? offset : 0);
-          spartune::cp_async16_zfill(dst + k / 8 * MN_SBO + k % 8 * 128 + ((swz ^ (k % 8)) << 4), src, ok ? 16 : 0);
-        }
-      }
+      // two copies of the loop, not one predicated one (predicated-off instructions still issue)
+      if (ks < full_stages)
+        gather_stage<false, BOXES, ROWS, RPW, RW, ROWS_STEP>(b_tiles + s * BOXES * B_STAGE + dst0, base, held, warp, sub, swz);
+      else
+        gather_stage<true, BOXES, ROWS, RPW, RW, ROWS_STEP>(b_tiles + s * BOXES * B_STAGE + dst0, base, held, warp, sub, swz);
       spartune::cp_async_mbar_arrive(&full[s]);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copies in flight past the thread's exit

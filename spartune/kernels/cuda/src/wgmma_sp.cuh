@@ -93,6 +93,9 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
                : "memory");
 }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
 // The barrier receives one arrival once every cp.async this thread issued so far has landed
 // (.noinc: the arrival counts against the barrier's expected count).
 __device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* bar) {
