@@ -145,8 +145,7 @@ def _mma_space(problem: Problem) -> list[Config]:
     for bn in (8, 16, 32, 64, 128):
         if bn > n_cap:
             continue
-        shapes = (_DECODE + (_DECODE_TALL if problem.m >= 2048 else [])) if bn <= 16 else \
-            [(bm, w, 1) for bm in (64, 128) for w in (4, 8)]
+        shapes = _DECODE if bn <= 16 else [(bm, w, 1) for bm in (64, 128) for w in (4, 8)]
         for bm, warps, warps_k in shapes:
             # decode: twice the K steps per chunk puts twice the weight's bytes in flight per warp
             for ksteps in (4, 8) if bn <= 16 else (4,):
@@ -164,9 +163,6 @@ def _mma_space(problem: Problem) -> list[Config]:
 # (bm, warps, warps_k) for narrow token tiles: few row tiles' worth of CTAs, so small BM and K
 # split over warps keep enough loads in flight
 _DECODE = [(16, 4, 4), (32, 4, 2), (32, 4, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4), (128, 4, 1), (128, 8, 2)]
-# on tall weights, row tiles between those, so that their count fills the SMs' slots more evenly
-# (Llama's 11008 rows: 172 tiles of 64 on 132 SMs, two CTAs at most on each)
-_DECODE_TALL = [(48, 4, 4), (96, 4, 2)]
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
