@@ -26,7 +26,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 import spartune as st
 from spartune import dispatch
@@ -38,13 +37,10 @@ from spartune.tune.model import predict
 from spartune.tune.problem import Problem
 from spartune.tune.tuner import fast_count
 
-SHAPES = {"llama7b-up": (11008, 4096), "llama7b-down": (4096, 11008), "llama13b-up": (13824, 5120),
-          "llama70b-up": (28672, 8192), "bert-ffn1": (3072, 768), "bert-ffn2": (768, 3072)}
+from bench_nm_decode import SHAPES as LLAMA, seconds  # (a sibling script: benchmarks/ is on the path)
+
+SHAPES = {**LLAMA, "bert-ffn1": (3072, 768), "bert-ffn2": (768, 3072)}
 PEAK, DRAM = 1720e12, 3.0e12
-
-
-def seconds(fn) -> float:
-    return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e-3
 
 
 def kept_k(pattern: str, k: int) -> int:

@@ -25,7 +25,7 @@ import torch
 from . import cuda
 from ._sliced_ell import SLOTS_PER_LOAD, drop_sliced_ell, memo_key, sliced_ell
 from ._common import arrival_counters, next_pow2
-from .cuda.epilogue import DTYPE_CODES, epilogue_args, or_null
+from .cuda.epilogue import check_operands, epilogue_args, or_null
 from ..formats import CSR
 from ..tune.problem import KernelFeatures, Problem
 
@@ -197,27 +197,6 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     return kernel
 
 
-def _check(A: CSR, x, out, bias, residual) -> None:
-    """What the kernel trusts, checked before anything is built or launched (the ops check the
-    same for users; this guards direct calls)."""
-    M, K = A.shape
-    if A.values.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
-    if x.dtype != A.values.dtype:
-        raise TypeError(f"x must be {A.values.dtype} like the weight, got {x.dtype}")
-    if x.dim() != 2 or x.shape[1] != K or out.shape != (x.shape[0], M):
-        raise ValueError(f"x must be (N, {K}) and out (N, {M}), got {tuple(x.shape)} and {tuple(out.shape)}")
-    if bias is not None and (bias.shape != (M,) or bias.stride(0) != 1):
-        raise ValueError(f"bias must be a contiguous ({M},) tensor, got shape {tuple(bias.shape)}")
-    if residual is not None and residual.shape != out.shape:
-        raise ValueError(f"residual must have shape {tuple(out.shape)}, got {tuple(residual.shape)}")
-    for name, t in (("x", x), ("out", out), ("bias", bias), ("residual", residual)):
-        if t is not None and t.device != A.values.device:
-            raise ValueError(f"{name} is on {t.device}, the weight on {A.values.device}")
-        if name != "x" and t is not None and t.dtype not in DTYPE_CODES:
-            raise TypeError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
-
-
 def _pairs_of_x(x: torch.Tensor) -> bool:
     """Whether the kernel may stage x by 4-byte column pairs and `stmatrix` (Hopper; rows of x
     contiguous, every pair aligned)."""
@@ -237,7 +216,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     N = x.shape[0]
     if M == 0 or N == 0:
         return out
-    _check(A, x, out, bias, residual)
+    check_operands(A, x, out, bias, residual)
     ell = layout(A, config)
     _, R, _ = _team(config.nt, config.qs)
     grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cuda
-from .cuda.epilogue import NULL, epilogue_args, or_null
+from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
 from ..formats import VNM, memo
 from ..tune.problem import KernelFeatures, Problem
@@ -372,13 +372,9 @@ def _instance(config: Config, dtype: torch.dtype, gather: int = 0):
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
            scale=1.0):
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
-    M, N = A.shape[0], x.shape[0]
-    if x.dim() != 2 or x.shape[1] != A.shape[1]:
-        raise ValueError(f"x must be (N, {A.shape[1]}) for a weight of shape {tuple(A.shape)}, got {tuple(x.shape)}")
-    if N == 0 or M == 0:
+    check_operands(A, x, out, bias, residual)
+    if x.shape[0] == 0 or A.shape[0] == 0:
         return out
-    if x.dtype != A.dtype:
-        raise TypeError(f"x must be {A.dtype} like the weight, got {x.dtype}")
     epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
     if config.variant == "wgmma":
         _launch_wgmma(A, x, out, config, epilogue)

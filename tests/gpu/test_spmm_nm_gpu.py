@@ -46,6 +46,19 @@ def run(A, x, config, out=None, **epi):
     return out
 
 
+def check_graph_replay(A, w, x, cfg):
+    """Capture a launch of cfg (compiled and packed first), give x new values, replay: out must be
+    the new product, every element written."""
+    out = torch.empty(x.shape[0], A.shape[0], device="cuda", dtype=x.dtype)
+    run(A, x, cfg, out=out)
+    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
+    out.fill_(float("nan"))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(out, reference(x, w)) <= TOL
+
+
 def test_available():
     assert K.available(torch.device("cuda"))
 
@@ -202,15 +215,7 @@ def test_cuda_graph_capture(variant, dtype):
     w = random_2to4(M, Kd, dtype, 5)
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
-    out = torch.empty(N, M, device="cuda", dtype=dtype)
-    cfg = configs_of(A, N, variant)[-1]
-    run(A, x, cfg, out=out)  # compile and pack before capturing
-    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
-    out.fill_(float("nan"))
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel(out, reference(x, w)) <= TOL
+    check_graph_replay(A, w, x, configs_of(A, N, variant)[-1])
 
 
 
@@ -263,15 +268,7 @@ def test_vnm_through_linear_and_graph_capture():
     w = A.to_dense()
     x = torch.randn(16, 1024, device="cuda", dtype=torch.float16)
     assert rel(st.linear(x, A), reference(x, w)) <= TOL  # the tuner's pick, whichever it is
-    out = torch.empty(16, 512, device="cuda", dtype=torch.float16)
-    cfg = K.space(problem(A, 16))[0]
-    run(A, x, cfg, out=out)
-    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
-    x.copy_(torch.randn_like(x))
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel(out, reference(x, w)) <= TOL
+    check_graph_replay(A, w, x, K.space(problem(A, 16))[0])
 
 
 # ---- V:N:M on the wgmma variant (Hopper): x^T's kept rows gathered by cp.async ----
@@ -312,13 +309,5 @@ def test_vnm_wgmma_graph_capture_and_tuned_linear():
     A = random_vnm(1024, 2048, 64, 8, torch.float16, 9)
     w = A.to_dense()
     x = torch.randn(512, 2048, device="cuda", dtype=torch.float16)
-    cfg = configs_of(A, 512, "wgmma")[-1]
-    out = torch.empty(512, 1024, device="cuda", dtype=torch.float16)
-    run(A, x, cfg, out=out)
-    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
-    x.copy_(torch.randn_like(x))
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel(out, reference(x, w)) <= TOL
+    check_graph_replay(A, w, x, configs_of(A, 512, "wgmma")[-1])
     assert rel(st.linear(x, A), reference(x, w)) <= TOL  # the tuner's pick, whichever it is
