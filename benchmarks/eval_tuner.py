@@ -423,9 +423,9 @@ def _fresh_tuner(spec_device, db=None, mode="fast"):
     dispatch.set_mode(mode)
     calls = []
 
-    def measurer(c):
+    def measurer(c, bound):
         calls.append(c.backend)
-        return measure_candidate(c)
+        return measure_candidate(c, bound)
 
     tuner = Tuner(db, spec_device, measurer=measurer, mode=mode)
     dispatch._tuner = tuner

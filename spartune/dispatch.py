@@ -323,8 +323,20 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
     for name, run in library.items():
         out.append(Candidate(name, None, predicted=_library_prior(problem, name, device), run=run,
                              check=check(run) if check else None, library=True,
-                             graph=False if name in backends.REPLAY_OWN_GRAPHS else None))
+                             graph=False if name in backends.REPLAY_OWN_GRAPHS else None,
+                             floor=_library_floor(problem, name, device)))
     return out
+
+
+def _library_floor(problem: Problem, name: str, device) -> float | None:
+    """Seconds a library call cannot beat, or None when unknown. cuSPARSE's CSR SpMM (every
+    format but whole blocks) runs on the CUDA cores: its nonzeros' flops at 4x the device's fp32
+    FMA rate (fp16 pairs, generously), or its CSR's bytes (a 16-bit value, a 32-bit column) at
+    1.25x the device's copy bandwidth."""
+    if name != "cusparse" or problem.op != "linear" or problem.fmt.startswith("block:"):
+        return None
+    nnz, n = problem.stats.nnz, problem.n
+    return max(2.0 * nnz * n / (4 * device.fma), (6.0 * nnz + 2.0 * n * (problem.k + problem.m)) / (1.25 * device.dram_bw))
 
 
 def _library_prior(problem: Problem, name: str, device) -> float:

@@ -80,7 +80,7 @@ def poisoned_empty(monkeypatch):
 def force(monkeypatch, backend):
     """Install a tuner that measures everything with a fake clock on which `backend` is fastest;
     among its configs the model's order decides. Returns the tuner."""
-    tuner = Tuner(None, H100, measurer=lambda c: 1e-6 if c.backend == backend else 1e-3, mode="exhaustive")
+    tuner = Tuner(None, H100, measurer=lambda c, bound: 1e-6 if c.backend == backend else 1e-3, mode="exhaustive")
     monkeypatch.setattr(dispatch, "_tuner", tuner)
     return tuner
 
@@ -417,7 +417,7 @@ def test_the_ell_copy_is_kept_only_while_a_choice_runs_on_it(monkeypatch):
     from spartune.kernels._ell import _ELL_KEY
     A = make_format("csr")
     fastest = {"path": "row"}
-    tuner = Tuner(None, H100, mode="exhaustive", measurer=lambda c: 1e-6 if c.backend == "csr"
+    tuner = Tuner(None, H100, mode="exhaustive", measurer=lambda c, bound: 1e-6 if c.backend == "csr"
                   and c.config.path == fastest["path"] else 1e-3)
     monkeypatch.setattr(dispatch, "_tuner", tuner)
     g = _gen(30)
@@ -611,7 +611,7 @@ def test_a_db_hit_rebuilds_the_stored_config_without_ranking_the_space(monkeypat
     family = registry.by_name(OURS[kind])
     path, versions = tmp_path / "t.sqlite3", {"torch": "t"}
     measured = []
-    fake_clock = lambda c: measured.append(c) or (1e-6 if c.backend == family.name else 1e-3)  # noqa: E731
+    fake_clock = lambda c, bound: measured.append(c) or (1e-6 if c.backend == family.name else 1e-3)  # noqa: E731
     monkeypatch.setattr(dispatch, "_tuner", Tuner(TuningDB(path, versions=versions), H100, measurer=fake_clock))
     A, g = make_format(kind), _gen(40)
     x = torch.randn(6, K, generator=g)
@@ -640,7 +640,7 @@ def test_a_db_entry_that_todays_space_lacks_is_tuned_again(monkeypatch, tmp_path
     from spartune.tune.db import TuningDB
 
     path, versions = tmp_path / "t.sqlite3", {"torch": "t"}
-    clock = lambda c: 1e-6 if c.backend == "csr" else 1e-3  # noqa: E731
+    clock = lambda c, bound: 1e-6 if c.backend == "csr" else 1e-3  # noqa: E731
     db = TuningDB(path, versions=versions)
     monkeypatch.setattr(dispatch, "_tuner", Tuner(db, H100, measurer=clock))
     A, g = make_format("csr"), _gen(42)

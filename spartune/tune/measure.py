@@ -38,8 +38,15 @@ def sets_to_rotate(bytes_per_set: float, l2_bytes: int, most: int = 16) -> int:
     return max(1, min(most, math.ceil(2 * l2_bytes / bytes_per_set)))
 
 
+# The tuner's timing: shorter than a benchmark's (do_bench's median of ~50 calls at prefill,
+# 15 paired replay rounds at decode), so that a new shape is tuned in well under a second once
+# its kernels are compiled. Precise enough to rank: configs within a few percent are a draw.
+TUNE_WARMUP_MS, TUNE_REP_MS = 5, 20
+LAUNCH_SLACK_S = 100e-6  # a single call between two events also holds its host launch (Python: tens of us)
+
+
 def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup_ms: int = 25,
-                  rep_ms: int = 100, cold: bool = REPLAY_EVICTS_L2) -> float:
+                  rep_ms: int = 100, cold: bool = REPLAY_EVICTS_L2, bound: float | None = None) -> float:
     """Median seconds of one call of `fn` (launch included), each call finding a cold L2.
 
     graph=None decides by length: a call whose do_bench time is under GRAPH_BELOW_S is
@@ -48,6 +55,8 @@ def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup
     so without this every implementation would measure its launcher, not its kernel. Both
     timings evict the L2 before each call (do_bench by its flush, the replay by cold_replay).
     cold=False replays without the eviction (calibration: L2 reads, an empty launch).
+    bound: a call (after the first, which compiles) that alone takes longer is not timed further:
+    its time, a warm underestimate, is returned at once (the tuner's slow candidates).
     Exceptions from fn (compile errors, launch failures) propagate: the tuner records them.
     """
     import torch
@@ -60,6 +69,15 @@ def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup
 
     fn()  # compile and load outside the timed region
     torch.cuda.synchronize()
+    if bound is not None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        once = start.elapsed_time(end) * 1e-3
+        if once > bound + LAUNCH_SLACK_S:
+            return once
     if graph is True:
         return replay()
     t = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e-3
@@ -132,8 +150,10 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     return t
 
 
-def measure_candidate(candidate) -> float:
-    """The tuner's default measurer: time the candidate's prepared `run`."""
+def measure_candidate(candidate, bound: float | None = None) -> float:
+    """The tuner's default measurer: time the candidate's prepared `run` (a single call when
+    that already takes longer than `bound` seconds)."""
     if candidate.run is None:
         raise ValueError(f"candidate {candidate.backend} has no run callable to measure")
-    return time_callable(candidate.run, graph=candidate.graph)
+    return time_callable(candidate.run, graph=candidate.graph, warmup_ms=TUNE_WARMUP_MS, rep_ms=TUNE_REP_MS,
+                         bound=bound)

@@ -32,6 +32,10 @@ _STRENGTH = {m: i for i, m in enumerate(MODES)}  # a stored choice serves modes 
 # "tuner refit 2"): 6% of the space, at least 4, measures ~8% of all candidates.
 TOP_K = 4
 TOP_FRAC = 0.06
+# A candidate slower than SLOWER x the best measured so far cannot win: one call past that bound
+# ends its timing. A library whose floor (the time it cannot beat) is past the best measured is
+# not run at all (cuSPARSE on a 2:4 weight at prefill: ~0.3 s a call).
+SLOWER = 3.0
 
 
 def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> int:
@@ -47,7 +51,9 @@ class Candidate:
     `predicted` seconds instead (dense can use model.dense_gemm_seconds). run: launches it on
     prepared inputs (what the measurer times). check: runs it on fresh inputs and returns
     whether the output matches the reference. library: a backend that is not ours (dense
-    cuBLAS, cuSPARSE, cuSPARSELt): always measured in fast mode, so spartune never loses to it.
+    cuBLAS, cuSPARSE, cuSPARSELt): measured in fast mode, so spartune never loses to it, unless
+    its `floor` (seconds no call of it can beat, e.g. its bytes at DRAM bandwidth) is already
+    slower than a candidate measured.
     """
 
     backend: str
@@ -60,6 +66,7 @@ class Candidate:
     # how the measurer times run: None lets it choose (graph replay for short calls); False as
     # called, for a backend that replays graphs of its own (a capture would time it without them)
     graph: bool | None = None
+    floor: float | None = None
 
     def __post_init__(self):
         if self.features is None and self.predicted is None:
@@ -86,8 +93,9 @@ def config_json(config) -> dict | None:
 class Tuner:
     """Picks and remembers the fastest candidate per problem.
 
-    measurer(candidate) -> seconds; the default times candidate.run with measure.time_callable
-    (GPU only). db=None keeps choices in memory only. Fast mode measures the model's best
+    measurer(candidate, bound) -> seconds; the default times candidate.run with
+    measure.time_callable (GPU only); bound (or None): a time past which the candidate has lost,
+    so the measurer may stop at a first estimate above it. db=None keeps choices in memory only. Fast mode measures the model's best
     fast_count(len(candidates), top_k, top_frac) (top_frac=0: exactly top_k) and the libraries.
     """
 
@@ -168,7 +176,17 @@ class Tuner:
             to_measure = order[:k] + [i for i in order[k:] if cands[i].library]
         else:
             to_measure = order
-        rows = {i: self._measure(cands[i], configs[i], preds[i]) for i in to_measure}
+        rows, best_s = {}, math.inf
+        for i in to_measure:
+            bound = SLOWER * best_s if math.isfinite(best_s) else None
+            c = cands[i]
+            if self.mode == "fast" and c.library and c.floor is not None and c.floor > best_s:
+                rows[i] = {"backend": c.backend, "config": configs[i], "predicted": preds[i], "seconds": None,
+                           "error": f"not run: its floor {c.floor:.3g} s is past the best measured {best_s:.3g} s"}
+                continue
+            rows[i] = self._measure(c, configs[i], preds[i], bound)
+            if rows[i]["seconds"] is not None:
+                best_s = min(best_s, rows[i]["seconds"])
 
         # fastest measured first; with no measurements, the model's order
         ranked = sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) if to_measure else order
@@ -186,10 +204,10 @@ class Tuner:
         c = cands[chosen]
         return Choice(c.backend, c.config, best["predicted"], best["seconds"])
 
-    def _measure(self, c: Candidate, cfg, predicted: float) -> dict:
+    def _measure(self, c: Candidate, cfg, predicted: float, bound: float | None = None) -> dict:
         row = {"backend": c.backend, "config": cfg, "predicted": predicted, "seconds": None, "error": None}
         try:
-            seconds = float(self.measurer(c))
+            seconds = float(self.measurer(c, bound))
             if not (seconds > 0 and math.isfinite(seconds)):
                 raise ValueError(f"measurer returned {seconds!r} seconds")
             row["seconds"] = seconds

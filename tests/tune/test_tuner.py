@@ -31,10 +31,11 @@ class FakeMeasurer:
     """Seconds per candidate from a table; an Exception in the table is raised."""
 
     def __init__(self, times):
-        self.times, self.calls = times, []
+        self.times, self.calls, self.bounds = times, [], []
 
-    def __call__(self, c):
+    def __call__(self, c, bound=None):
         self.calls.append((c.backend, c.config))
+        self.bounds.append(bound)
         t = self.times[(c.backend, c.config)]
         if isinstance(t, Exception):
             raise t
@@ -92,6 +93,47 @@ def test_exhaustive_measures_everything():
     cands, m = space(measured={17: 0.2e-6})
     choice = tuner(m, mode="exhaustive").pick(problem(), cands)
     assert len(m.calls) == len(cands) and choice.config == Cfg(bn=16 * 18)
+
+
+def test_later_candidates_get_a_bound_of_slower_times_the_best_so_far():
+    """The measurer may stop a candidate at one call past the bound: it has lost anyway."""
+    cands, m = space(measured={0: 4e-6, 1: 2e-6, 2: 30e-6})
+    tuner(m).pick(problem(), cands)
+    assert m.bounds == [None, 3 * 4e-6, 3 * 2e-6, 3 * 2e-6, 3 * 2e-6]  # the top 4, then dense
+
+
+def test_a_library_whose_floor_is_past_the_best_is_not_run(tmp_path):
+    """cuSPARSE on a 2:4 weight at prefill costs ~0.3 s a call and never wins: its floor says so
+    before it runs. A floor below the best measured is run as before; exhaustive runs it all."""
+    db = TuningDB(tmp_path / "t.db", versions=VERSIONS)
+    slow = Candidate("cusparse", None, predicted=4e-3, library=True, floor=10e-6)
+    near = Candidate("cusparselt", None, predicted=4e-3, library=True, floor=1e-6)
+    cands, m = space()
+    m.times[("cusparse", None)] = 1e-3
+    m.times[("cusparselt", None)] = 2e-6
+    tuner(m, db=db).pick(problem(), [*cands, slow, near])
+    assert ("cusparse", None) not in m.calls and ("cusparselt", None) in m.calls
+    rows = {r["backend"]: r for r in db.results()}
+    assert rows["cusparse"]["seconds"] is None and "floor" in rows["cusparse"]["error"]
+    cands, m = space()
+    m.times[("cusparse", None)], m.times[("cusparselt", None)] = 1e-3, 2e-6
+    tuner(m, mode="exhaustive").pick(problem(), [*cands, slow, near])
+    assert ("cusparse", None) in m.calls
+
+
+def test_cusparse_floor_from_its_csr():
+    """Its bytes at decode, its flops at prefill; unknown for other libraries and whole blocks."""
+    from spartune import dispatch
+
+    stats = FormatStats(rows=11008, cols=4096, nnz=11008 * 2048, density=0.5, unit_rows=16, units=688,
+                        items_mean=1.0, items_cv=0.0, items_max=1, empty_units=0, item_cols=1)
+    decode = Problem("linear", "2:4", 11008, 4096, 16, "float16", stats)
+    prefill = Problem("linear", "2:4", 11008, 4096, 2048, "float16", stats)
+    assert dispatch._library_floor(decode, "cusparse", H100) == pytest.approx(
+        (6 * 11008 * 2048 + 2 * 16 * (4096 + 11008)) / (1.25 * H100.dram_bw))
+    assert dispatch._library_floor(prefill, "cusparse", H100) == pytest.approx(2 * 11008 * 2048 * 2048 / (4 * H100.fma))
+    assert dispatch._library_floor(decode, "dense", H100) is None
+    assert dispatch._library_floor(Problem("linear", "block:64x64", 4096, 4096, 16, "float16", STATS), "cusparse", H100) is None
 
 
 def test_model_mode_measures_nothing():
@@ -228,11 +270,11 @@ def test_candidate_and_tuner_arguments_are_checked():
     with pytest.raises(TypeError, match="dataclass"):
         Candidate("blocked", {"bn": 16}, predicted=1.0)
     with pytest.raises(ValueError, match="mode"):
-        Tuner(None, H100, measurer=lambda c: 1.0, mode="quick")
+        Tuner(None, H100, measurer=lambda c, bound: 1.0, mode="quick")
     with pytest.raises(ValueError, match="top_k"):
-        Tuner(None, H100, measurer=lambda c: 1.0, top_k=0)
+        Tuner(None, H100, measurer=lambda c, bound: 1.0, top_k=0)
     with pytest.raises(ValueError, match="no candidates"):
-        Tuner(None, H100, measurer=lambda c: 1.0).pick(problem(), [])
+        Tuner(None, H100, measurer=lambda c, bound: 1.0).pick(problem(), [])
 
 
 # --- evaluation ------------------------------------------------------------------------------------
@@ -328,7 +370,7 @@ def test_backends_replaying_their_own_graphs_are_timed_as_called(monkeypatch):
     from spartune.tune import measure
 
     seen = []
-    monkeypatch.setattr(measure, "time_callable", lambda fn, graph=None: seen.append(graph) or 1e-5)
+    monkeypatch.setattr(measure, "time_callable", lambda fn, graph=None, **timing: seen.append(graph) or 1e-5)
     problem = Problem("linear", "2:4", 4096, 4096, 16, "float16", STATS)
     library = {"dense": lambda: None, "cusparselt": lambda: None, "cusparselt_search": lambda: None}
     found = {c.backend: c for c in dispatch.candidates(problem, {}, library, device=H100)}

@@ -77,6 +77,23 @@ struct Epilogue {
     if (residual) v += load_as_float(residual, (long long)n * srn + (long long)m * srm, res_code);
     store_from_float(out, (long long)n * son + (long long)m * som, out_code, v);
   }
+
+  // Scale, bias and at most a ReLU, no residual: what `store_light` handles inline.
+  __device__ __forceinline__ bool light() const { return act <= 1 && !residual; }
+
+  // `store` for a `light()` epilogue: no MUFU activation, no residual load, so a template that
+  // unrolls its epilogue over many accumulators stays small (NVRTC's time grows with it).
+  __device__ __forceinline__ void store_light(int m, int n, float acc, float bias_m) const {
+    if (m >= M || n >= N) return;
+    const float v = acc * scale + bias_m;
+    store_from_float(out, (long long)n * son + (long long)m * som, out_code, act ? fmaxf(v, 0.f) : v);
+  }
 };
+
+// `store` compiled once per kernel, not once per unrolled accumulator: the other epilogues
+// (GELU, SiLU, a residual) called from an unrolled loop. Their cost is a call per element.
+__device__ __noinline__ void store_called(const Epilogue& epi, int m, int n, float acc, float bias_m) {
+  epi.store(m, n, acc, bias_m);
+}
 
 }  // namespace spartune
