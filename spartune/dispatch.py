@@ -316,16 +316,26 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
     device = device or get_tuner().device
     out = []
     for family, run_cfg in ours.items():
+        compiles = family.language == "cuda" and run_cfg is not None
+        index = torch.cuda.current_device() if compiles else None  # (the prepare threads' device)
         for cfg in family.space(problem):
             run = lambda cfg=cfg, run_cfg=run_cfg: run_cfg(cfg)  # noqa: E731
+            prepare = (lambda cfg=cfg, family=family: _precompile(family.instances(problem, cfg), index)) \
+                if compiles else None
             out.append(Candidate(family.name, cfg, family.features(problem, cfg), run=run,
-                                 check=check(run) if check else None))
+                                 check=check(run) if check else None, prepare=prepare))
     for name, run in library.items():
         out.append(Candidate(name, None, predicted=_library_prior(problem, name, device), run=run,
                              check=check(run) if check else None, library=True,
                              graph=False if name in backends.REPLAY_OWN_GRAPHS else None,
                              floor=_library_floor(problem, name, device)))
     return out
+
+
+def _precompile(insts, device_index):
+    from .kernels import cuda
+
+    cuda.precompile(insts, device_index)
 
 
 def _library_floor(problem: Problem, name: str, device) -> float | None:

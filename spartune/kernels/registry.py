@@ -10,7 +10,9 @@ A family module provides (the tuner cannot tell a Triton family from a CUDA one)
 - optionally `available(device) -> bool` (default: on CUDA, or anywhere under Triton's
   interpreter; a CUDA family says False without a GPU or NVRTC, and its module must import
   on any machine)
-  and `release_unused(A, configs)` (drop per-weight layouts no chosen config reads).
+  and `release_unused(A, configs)` (drop per-weight layouts no chosen config reads), and for a
+  CUDA family `instances(problem, config)` (the cuda.Instance its launch loads: the tuner
+  compiles those of the configs it will time at once, in parallel).
 The module is imported on first use, so listing a family costs nothing until it runs.
 """
 from __future__ import annotations
@@ -78,6 +80,11 @@ class Family:
     @property
     def launch(self) -> Callable[..., Any]:
         return self.module.launch
+
+    def instances(self, problem: Problem, config) -> list:
+        """The compiled kernels `config` needs (CUDA families), or []."""
+        hook = getattr(self.module, "instances", None)
+        return list(hook(problem, config)) if hook else []
 
     def serves(self, A) -> bool:
         return isinstance(A, self.formats)

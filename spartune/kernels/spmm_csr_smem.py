@@ -190,11 +190,19 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     key = (config, dtype, device.index)
     kernel = _kernels.get(key)
     if kernel is None:
-        inst = cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
-            "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-            "GPW": config.gpw, "QS": config.qs, "KW": config.kw})
-        kernel = _kernels[key] = cuda.load(inst, device)
+        kernel = _kernels[key] = cuda.load(_instance(config, dtype), device)
     return kernel
+
+
+def _instance(config: Config, dtype: torch.dtype):
+    return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
+        "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
+        "GPW": config.gpw, "QS": config.qs, "KW": config.kw})
+
+
+def instances(problem: Problem, config: Config) -> list:
+    """The kernel a launch of `config` loads (compiled ahead by the tuner)."""
+    return [_instance(config, getattr(torch, problem.dtype))]
 
 
 def _pairs_of_x(x: torch.Tensor) -> bool:

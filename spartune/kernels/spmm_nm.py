@@ -357,6 +357,13 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: in
     return kernel
 
 
+def instances(problem: Problem, config: Config) -> list:
+    """The kernel a launch of `config` loads for `problem` (compiled ahead by the tuner)."""
+    vnm = _vnm(problem.fmt)
+    gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else 1
+    return [_instance(config, getattr(torch, problem.dtype), gather)]
+
+
 def _instance(config: Config, dtype: torch.dtype, gather: int = 0):
     """gather: 0 for 2:4; V:N:M: 1 (mma), or the boxes of x per stage (wgmma)."""
     if config.variant == "wgmma":

@@ -67,6 +67,9 @@ class Candidate:
     # called, for a backend that replays graphs of its own (a capture would time it without them)
     graph: bool | None = None
     floor: float | None = None
+    # work before timing that may run beside other candidates' (compiling its kernel): the tuner
+    # runs those of the candidates it will measure at once, in threads
+    prepare: Callable[[], object] | None = None
 
     def __post_init__(self):
         if self.features is None and self.predicted is None:
@@ -176,6 +179,7 @@ class Tuner:
             to_measure = order[:k] + [i for i in order[k:] if cands[i].library]
         else:
             to_measure = order
+        _prepare([cands[i] for i in to_measure])
         rows, best_s = {}, math.inf
         for i in to_measure:
             bound = SLOWER * best_s if math.isfinite(best_s) else None
@@ -227,6 +231,26 @@ class Tuner:
             row = rows.setdefault(i, {"backend": c.backend, "config": cfg, "predicted": predicted})
             row.update(seconds=None, error=error)
         return ok
+
+
+def _prepare(cands: Sequence[Candidate]) -> None:
+    """The candidates' `prepare` calls, in parallel threads; a failure shows when it is measured."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls = [c.prepare for c in cands if c.prepare is not None]
+
+    def call(fn):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 (its measurement raises it again and records it)
+            pass
+
+    if len(calls) <= 1:
+        for fn in calls:
+            call(fn)
+        return
+    with ThreadPoolExecutor(min(len(calls), 8), thread_name_prefix="spartune-prepare") as pool:
+        list(pool.map(call, calls))
 
 
 def load_or_calibrate(db: TuningDB | None, device_index: int = 0) -> DeviceSpec:

@@ -1,5 +1,6 @@
 """The search: what gets measured in each mode, failures and wrong results, the DB and memo
 paths, and the evaluation helper."""
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -100,6 +101,29 @@ def test_later_candidates_get_a_bound_of_slower_times_the_best_so_far():
     cands, m = space(measured={0: 4e-6, 1: 2e-6, 2: 30e-6})
     tuner(m).pick(problem(), cands)
     assert m.bounds == [None, 3 * 4e-6, 3 * 2e-6, 3 * 2e-6, 3 * 2e-6]  # the top 4, then dense
+
+
+def test_the_measured_candidates_are_prepared_first_and_at_once():
+    """prepare (compiling a CUDA config) runs for the candidates fast mode times, in threads,
+    before any is timed; a failing prepare is left for the measurement to record."""
+    import threading
+
+    started = threading.Barrier(3, timeout=5)  # three prepares must be in flight together
+    prepared = []
+
+    def prepare(i):
+        def fn():
+            prepared.append(i)
+            if i < 3:
+                started.wait()
+            if i == 3:
+                raise RuntimeError("compile error")
+        return fn
+
+    cands, m = space()
+    cands = [dataclasses.replace(c, prepare=prepare(i)) for i, c in enumerate(cands)]
+    tuner(m).pick(problem(), cands)
+    assert sorted(prepared) == [0, 1, 2, 3, 20] and len(m.calls) == 5
 
 
 def test_a_library_whose_floor_is_past_the_best_is_not_run(tmp_path):

@@ -83,7 +83,8 @@ class CubinCache:
         self.directory = Path(directory) if directory is not None else default_dir()
         self.src_dir = src_dir
         self._compiler = compiler
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards stats and _locks
+        self._locks: dict[Path, threading.Lock] = {}  # one per entry: instances compile in parallel
         self.stats = {"compiles": 0, "disk_hits": 0, "corrupt": 0, "compile_seconds": 0.0}
 
     @property
@@ -103,9 +104,11 @@ class CubinCache:
         Raises CudaCompileError when the compiler fails."""
         path = self.path(inst, arch, nvrtc_version)
         with self._lock:
+            entry_lock = self._locks.setdefault(path, threading.Lock())
+        with entry_lock:  # another thread compiling this entry: wait for it, then read it
             cubin = self._read(path)
             if cubin is not None:
-                self.stats["disk_hits"] += 1
+                self._count("disk_hits")
                 return cubin
             cubin = self._compile(inst, arch)
             try:
@@ -124,7 +127,7 @@ class CubinCache:
             return None
         payload = decode_entry(blob)
         if payload is None:
-            self.stats["corrupt"] += 1
+            self._count("corrupt")
             log.warning("spartune: corrupt cubin cache entry %s: recompiling", path)
         return payload
 
@@ -139,7 +142,11 @@ class CubinCache:
         except CompilerFailed as exc:
             raise CudaCompileError(inst, exc.log) from None
         seconds = time.perf_counter() - start
-        self.stats["compiles"] += 1
-        self.stats["compile_seconds"] += seconds
+        self._count("compiles")
+        self._count("compile_seconds", seconds)
         log.info("spartune: compiled %s for %s in %.2f s", inst.describe(), arch, seconds)
         return cubin
+
+    def _count(self, stat: str, amount: float = 1) -> None:
+        with self._lock:
+            self.stats[stat] += amount

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
 import struct
 import threading
 
@@ -60,6 +61,33 @@ def load(inst: Instance, device=None) -> "LoadedKernel":
             if kernel is None:
                 kernel = _loaded[(inst, index)] = _load(inst, index)
     return kernel
+
+
+def precompile(insts, device=None, workers: int | None = None) -> None:
+    """Compile the instances missing from the cubin cache, several at once (NVRTC runs without
+    the GIL): the tuner's first use of a shape compiles the configs it is about to time this
+    way instead of one after the other. Errors are left for `load` to raise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    index = _device_index(device)
+    todo = [inst for inst in dict.fromkeys(insts) if (inst, index) not in _loaded]
+    if not todo:
+        return
+    capability, version, cache = torch.cuda.get_device_capability(index), nvrtc_version(), default_cache()
+
+    def compile_one(inst):
+        try:
+            cache.get(inst, device_arch(capability, inst.arch_specific), version)
+        except Exception:  # noqa: BLE001 (load raises it again, where the caller records it)
+            pass
+
+    workers = workers or min(len(todo), os.cpu_count() or 1, 8)
+    if workers <= 1 or len(todo) == 1:
+        for inst in todo:
+            compile_one(inst)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="spartune-nvrtc") as pool:
+        list(pool.map(compile_one, todo))
 
 
 def _load(inst: Instance, index: int) -> "LoadedKernel":

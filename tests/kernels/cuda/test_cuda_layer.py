@@ -111,6 +111,36 @@ def test_compiles_once_then_reads_from_disk(tmp_path, src):
     assert len(fake.calls) == 2
 
 
+def test_instances_compile_in_parallel_and_one_entry_once(tmp_path, src):
+    """Threads compiling different instances overlap (the tuner compiles the configs it will
+    time at once); threads asking for the same one wait for a single compile."""
+    import threading
+    import time
+
+    running, most, lock = [0], [0], threading.Lock()
+
+    class Slow(FakeCompiler):
+        def __call__(self, source, options):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.2)
+            with lock:
+                running[0] -= 1
+            return super().__call__(source, options)
+
+    fake = Slow()
+    cache = make_cache(tmp_path, src, fake)
+    insts = [C.instance("kernel.cu", "k", {"VALUE": v}) for v in (1, 2, 3, 1, 1)]
+    threads = [threading.Thread(target=cache.get, args=(i, "sm_90", "13.0")) for i in insts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] >= 2 and len(fake.calls) == 3
+    assert cache.stats["compiles"] == 3 and cache.stats["disk_hits"] == 2
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
 def test_corrupt_entry_is_recompiled_and_replaced(tmp_path, src, damage):
     fake = FakeCompiler()
