@@ -29,9 +29,9 @@ log = []
 _measure, _passes, _compile = T.Tuner._measure, T.Tuner._passes, compiler.nvrtc_compile
 
 
-def measure(self, c, cfg, predicted):
+def measure(self, c, cfg, predicted, bound=None):
     t = time.perf_counter()
-    row = _measure(self, c, cfg, predicted)
+    row = _measure(self, c, cfg, predicted, bound)
     log.append(("measure", c.backend, str(c.config)[:70], time.perf_counter() - t, row["seconds"], row["error"]))
     return row
 
@@ -84,6 +84,8 @@ def main():
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(28)
             print("\n".join(buf.getvalue().splitlines()[6:40]))
+            from spartune import dispatch
+            print("  chosen:", [f"{c.backend} {c.config}" for c in dispatch._states[A].chosen.values()][-1:])
             summary.append((pattern, n, wall, sum(r[3] for r in log if r[0] == "measure"),
                             sum(1 for r in log if r[0] == "measure"), sum(1 for r in log if r[0] == "compile")))
     print("\npattern      N  first use s  measuring s  measured  compiles")
