@@ -338,15 +338,24 @@ def _precompile(insts, device_index):
     cuda.precompile(insts, device_index)
 
 
-def _library_floor(problem: Problem, name: str, device) -> float | None:
-    """Seconds a library call cannot beat, or None when unknown. cuSPARSE's CSR SpMM (every
-    format but whole blocks) runs on the CUDA cores: its nonzeros' flops at 4x the device's fp32
-    FMA rate (fp16 pairs, generously), or its CSR's bytes (a 16-bit value, a 32-bit column) at
-    1.25x the device's copy bandwidth."""
+# cuSPARSELt's search picked an algorithm 0.74-1.04x as fast as algorithm 0 in every problem
+# measured (7B-70B, N = 16 and 2048; benchmarks/LOG.md, "First use ... session 14"), and the
+# search itself costs 0.5-0.9 s
+CSLT_SEARCH_GAIN = 0.75
+
+
+def _library_floor(problem: Problem, name: str, device):
+    """Seconds a library call cannot beat (or a function of the best measured per backend),
+    None when unknown. cuSPARSE's CSR SpMM (every format but whole blocks) runs on the CUDA
+    cores: its nonzeros' flops at 2x the device's fp32 FMA rate (fp16 pairs), or its CSR's bytes
+    (a 16-bit value, a 32-bit column) at 1.25x the device's copy bandwidth. cuSPARSELt's search
+    pick: CSLT_SEARCH_GAIN x algorithm 0's time."""
+    if name == "cusparselt_search":
+        return lambda seen: CSLT_SEARCH_GAIN * seen["cusparselt"] if "cusparselt" in seen else None
     if name != "cusparse" or problem.op != "linear" or problem.fmt.startswith("block:"):
         return None
     nnz, n = problem.stats.nnz, problem.n
-    return max(2.0 * nnz * n / (4 * device.fma), (6.0 * nnz + 2.0 * n * (problem.k + problem.m)) / (1.25 * device.dram_bw))
+    return max(2.0 * nnz * n / (2 * device.fma), (6.0 * nnz + 2.0 * n * (problem.k + problem.m)) / (1.25 * device.dram_bw))
 
 
 def _library_prior(problem: Problem, name: str, device) -> float:

@@ -64,6 +64,8 @@ def main():
     M, K = SHAPES[args.shape]
     for pattern, n in (("2:4", 8), ("64:2:8", 64)):  # a process that has run a model: Triton and the CUDA driver warm
         st.linear(torch.randn(n, 256, device="cuda", dtype=dtype), sparsify_weight(torch.randn(128, 256, device="cuda", dtype=dtype), pattern))
+    from spartune.kernels.transpose import tokens_major
+    tokens_major(torch.randn(64, 256, device="cuda", dtype=dtype))  # (V:N:M prefill's x^T copy, Triton)
     summary = []
     for pattern in args.patterns:
         A = sparsify_weight(torch.randn(M, K, device="cuda", dtype=dtype), pattern)

@@ -52,8 +52,9 @@ class Candidate:
     prepared inputs (what the measurer times). check: runs it on fresh inputs and returns
     whether the output matches the reference. library: a backend that is not ours (dense
     cuBLAS, cuSPARSE, cuSPARSELt): measured in fast mode, so spartune never loses to it, unless
-    its `floor` (seconds no call of it can beat, e.g. its bytes at DRAM bandwidth) is already
-    slower than a candidate measured.
+    its `floor` (seconds no call of it can beat, e.g. its bytes at DRAM bandwidth; or a
+    function of the best seconds measured so far per backend, e.g. a fraction of another
+    library's) is already slower than a candidate measured.
     """
 
     backend: str
@@ -66,7 +67,7 @@ class Candidate:
     # how the measurer times run: None lets it choose (graph replay for short calls); False as
     # called, for a backend that replays graphs of its own (a capture would time it without them)
     graph: bool | None = None
-    floor: float | None = None
+    floor: float | Callable[[dict], float | None] | None = None
     # work before timing that may run beside other candidates' (compiling its kernel): the tuner
     # runs those of the candidates it will measure at once, in threads
     prepare: Callable[[], object] | None = None
@@ -180,17 +181,20 @@ class Tuner:
         else:
             to_measure = order
         _prepare([cands[i] for i in to_measure])
-        rows, best_s = {}, math.inf
+        rows, best_s, seen = {}, math.inf, {}  # seen: the best seconds per backend so far
         for i in to_measure:
             bound = SLOWER * best_s if math.isfinite(best_s) else None
             c = cands[i]
-            if self.mode == "fast" and c.library and c.floor is not None and c.floor > best_s:
+            floor = c.floor(seen) if callable(c.floor) else c.floor
+            if self.mode == "fast" and c.library and floor is not None and floor > best_s:
                 rows[i] = {"backend": c.backend, "config": configs[i], "predicted": preds[i], "seconds": None,
-                           "error": f"not run: its floor {c.floor:.3g} s is past the best measured {best_s:.3g} s"}
+                           "error": f"not run: its floor {floor:.3g} s is past the best measured {best_s:.3g} s"}
                 continue
             rows[i] = self._measure(c, configs[i], preds[i], bound)
-            if rows[i]["seconds"] is not None:
-                best_s = min(best_s, rows[i]["seconds"])
+            seconds = rows[i]["seconds"]
+            if seconds is not None:
+                best_s = min(best_s, seconds)
+                seen[c.backend] = min(seconds, seen.get(c.backend, math.inf))
 
         # fastest measured first; with no measurements, the model's order
         ranked = sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) if to_measure else order

@@ -145,6 +145,19 @@ def test_a_library_whose_floor_is_past_the_best_is_not_run(tmp_path):
     assert ("cusparse", None) in m.calls
 
 
+def test_a_floor_may_follow_what_was_measured():
+    """cuSPARSELt's search pick is at best ~0.75x algorithm 0: once algorithm 0 has lost by more
+    than that, the search (0.5-0.9 s) is not run."""
+    alg0 = Candidate("cusparselt", None, predicted=4e-3, library=True)
+    search = Candidate("cusparselt_search", None, predicted=4e-3, library=True,
+                       floor=lambda seen: 0.75 * seen["cusparselt"] if "cusparselt" in seen else None)
+    for alg0_s, searched in ((2.2e-6, True), (3e-6, False)):  # the best of ours: 1.65e-6
+        cands, m = space(measured={0: 1.65e-6})
+        m.times[("cusparselt", None)], m.times[("cusparselt_search", None)] = alg0_s, 1.7e-6
+        tuner(m).pick(problem(), [*cands, alg0, search])
+        assert (("cusparselt_search", None) in m.calls) == searched
+
+
 def test_cusparse_floor_from_its_csr():
     """Its bytes at decode, its flops at prefill; unknown for other libraries and whole blocks."""
     from spartune import dispatch
@@ -155,7 +168,9 @@ def test_cusparse_floor_from_its_csr():
     prefill = Problem("linear", "2:4", 11008, 4096, 2048, "float16", stats)
     assert dispatch._library_floor(decode, "cusparse", H100) == pytest.approx(
         (6 * 11008 * 2048 + 2 * 16 * (4096 + 11008)) / (1.25 * H100.dram_bw))
-    assert dispatch._library_floor(prefill, "cusparse", H100) == pytest.approx(2 * 11008 * 2048 * 2048 / (4 * H100.fma))
+    assert dispatch._library_floor(prefill, "cusparse", H100) == pytest.approx(2 * 11008 * 2048 * 2048 / (2 * H100.fma))
+    search = dispatch._library_floor(decode, "cusparselt_search", H100)
+    assert search({}) is None and search({"cusparselt": 40e-6}) == pytest.approx(dispatch.CSLT_SEARCH_GAIN * 40e-6)
     assert dispatch._library_floor(decode, "dense", H100) is None
     assert dispatch._library_floor(Problem("linear", "block:64x64", 4096, 4096, 16, "float16", STATS), "cusparse", H100) is None
 
