@@ -3,6 +3,7 @@
     spartune bench [--suite NAME] [--quick] [--shape M,K,N]... [--pattern P]... [--density D]...
                    [--out DIR] [--dtype float16] [--mode fast] [--budget-s S] [--list]
     spartune tune  (--shape M,K,N... | --shapes-file FILE | --suite NAME) [--pattern P]... [--density D]...
+                   [--compile-all]
     spartune info  [--json]
     spartune db export PATH | spartune db import PATH [--overwrite]
     spartune demo  [--rows R] [--cols C]
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     _problem_args(tune, suite_help="tune a suite's problems")
     tune.add_argument("--shapes-file", type=Path, metavar="FILE",
                       help="shapes, one a line: 'M,K,N' or 'NAME M,K,N' ('#' comments)")
+    tune.add_argument("--compile-all", action="store_true",
+                      help="also compile every config of the CUDA kernels for each problem, in parallel (once "
+                           "per machine: later shapes then tune without compiling)")
 
     info = sub.add_parser("info", help="device, versions, calibration and tuning DB contents")
     info.add_argument("--json", action="store_true", help="as JSON")
@@ -330,7 +334,7 @@ def _tune(parser, args) -> int:
 
     print(f"tuning {len(specs)} problems into {default_path()}", flush=True)
     rows = pretune.tune(specs, Options(dtype=args.dtype, mode=args.mode, seed=args.seed,
-                                       progress=not args.no_progress))
+                                       progress=not args.no_progress), compile_all=args.compile_all)
     failed = [r for r in rows if r.get("error")]
     print(f"tuned {len(rows) - len(failed)} of {len(rows)} problems" + (f"; {len(failed)} failed" if failed else ""))
     return 1 if failed else 0

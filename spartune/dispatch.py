@@ -332,6 +332,20 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
     return out
 
 
+def compile_space(A, n: int, dtype=None) -> int:
+    """Compile every config of the CUDA families that serve linear(x with n rows, A), not only
+    those the tuner would time (`spartune tune --compile-all`): a later shape then finds its
+    kernels in the cubin cache and tunes in a fraction of a second. Returns the instances."""
+    from .kernels import cuda
+
+    dtype = str(dtype or A.dtype).removeprefix("torch.")
+    problem = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device))
+    insts = [inst for f in registry.families("linear", A) if f.language == "cuda" and f.available(A.device)
+             for cfg in f.space(problem) for inst in f.instances(problem, cfg)]
+    cuda.precompile(insts, A.device)
+    return len(set(insts))
+
+
 def _precompile(insts, device_index):
     from .kernels import cuda
 

@@ -12,9 +12,10 @@ from .suites import Spec
 from .weights import make_weight
 
 
-def tune(specs: list[Spec], options: Options) -> list[dict]:
+def tune(specs: list[Spec], options: Options, compile_all: bool = False) -> list[dict]:
     """Tune spartune.linear for every problem into the tuning DB (CUDA only): builds the
-    weight, calls ops.prepare (or linear once on random inputs)."""
+    weight, calls ops.prepare (or linear once on random inputs). compile_all: first compile
+    every config of the CUDA families for it (dispatch.compile_space), not only those timed."""
     import torch
 
     from .. import ops
@@ -32,6 +33,10 @@ def tune(specs: list[Spec], options: Options) -> list[dict]:
             t0 = time.perf_counter()
             try:
                 _, A = make_weight(spec, dtype=dtype, device="cuda", gen=gen)
+                if compile_all:
+                    from ..dispatch import compile_space
+
+                    row["instances"] = compile_space(A, spec.N)
                 ops.prepare(A, spec.N)
                 torch.cuda.synchronize()
                 row["picked"] = choice_dict(find_choice(A, spec.N, options.dtype))

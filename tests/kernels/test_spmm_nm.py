@@ -232,3 +232,27 @@ def test_tokens_major_transposes_any_strides(N, Kd):
     pad = -(-N // 8) * 8
     assert xt.shape == (Kd, pad) and xt.is_contiguous()
     assert torch.equal(xt[:, :N], x.t()) and not xt[:, N:].any()
+
+
+def test_instances_are_what_each_config_loads():
+    """The tuner compiles `instances(problem, config)` ahead of timing: the kernel each config's
+    launch loads, gather and dtype included (2:4: none; V:N:M: the mma gather, or the wgmma
+    boxes), one per config of the space, shared by configs that differ in tile order only."""
+    hopper = "NVIDIA H100 80GB HBM3 sm_90"
+    for pattern, dtype in (("2:4", "float16"), ("64:2:8", "bfloat16"), ("128:2:8", "float16")):
+        A = st.sparsify_weight(torch.randn(256, 256), pattern)
+        prob = Problem("linear", A.signature, 4096, 4096, 2048, dtype, A.stats(), device=hopper)
+        for c in K.space(prob):
+            (inst,) = K.instances(prob, c)
+            defines = dict(inst.defines)
+            gather = 0 if pattern == "2:4" else K.wgmma_boxes(c, A.v) if c.variant == "wgmma" else 1
+            assert defines["GATHER"] == gather and defines["SPARTUNE_BF16"] == (dtype == "bfloat16")
+            assert inst == K._instance(c, getattr(torch, dtype), gather)
+        wg = [c for c in K.space(prob) if c.variant == "wgmma"]
+        assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages) for c in wg})
+
+
+def test_compile_space_without_a_gpu_compiles_nothing():
+    from spartune import dispatch
+
+    assert dispatch.compile_space(st.sparsify_weight(torch.randn(64, 64), "2:4"), 16) == 0

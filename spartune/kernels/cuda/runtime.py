@@ -69,8 +69,11 @@ def precompile(insts, device=None, workers: int | None = None) -> None:
     way instead of one after the other. Errors are left for `load` to raise."""
     from concurrent.futures import ThreadPoolExecutor
 
+    insts = list(dict.fromkeys(insts))
+    if not insts:
+        return
     index = _device_index(device)
-    todo = [inst for inst in dict.fromkeys(insts) if (inst, index) not in _loaded]
+    todo = [inst for inst in insts if (inst, index) not in _loaded]
     if not todo:
         return
     capability, version, cache = torch.cuda.get_device_capability(index), nvrtc_version(), default_cache()
