@@ -8,6 +8,7 @@
 #   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
 #   TESTS=0 RUNS="bench_nm_decode.py --n 1 16" bash scripts/gpu.sh       # 2:4 decode, every mma config (issue 14)
 #   TESTS=0 RUNS="bench_nm_prefill.py --n 2048 --no-tuned" bash scripts/gpu.sh   # 2:4 and V:N:M prefill (issue 14)
+#   TESTS=0 RUNS="bench_first_use.py --shape llama13b-up" bash scripts/gpu.sh   # first use of a shape (tuning time)
 #   TESTS=0 RUNS="bench_blocked.py --shfl --heights 32,64" bash scripts/gpu.sh   # Shfl-BW beside block (issue 17)
 #   TESTS=0 RUNS="spartune bench --suite e2e --quick --filter bert --filter decode" bash scripts/gpu.sh  # models
 # A device call stops at 600 s: tests (TEST_S, default 360 each, in parallel) plus the runs
