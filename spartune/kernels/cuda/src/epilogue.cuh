@@ -96,4 +96,12 @@ __device__ __noinline__ void store_called(const Epilogue& epi, int m, int n, flo
   epi.store(m, n, acc, bias_m);
 }
 
+// What a loop unrolled over accumulators calls: the light epilogue inline, the others through
+// `store_called`. Inlined whole, GELU and the residual's dtype switch per element made an
+// instance's NVRTC compile take seconds (benchmarks/LOG.md, "First use ... session 14").
+__device__ __forceinline__ void store_unrolled(const Epilogue& epi, int m, int n, float acc, float bias_m) {
+  if (epi.light()) epi.store_light(m, n, acc, bias_m);
+  else store_called(epi, m, n, acc, bias_m);
+}
+
 }  // namespace spartune

@@ -326,10 +326,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
   // epilogue: lane (g, t) holds rows g, g + 8 of each slice at tokens 2t, 2t + 1
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
-  // (the light epilogue inline, the others through one call per element: unrolled here, inlined
-  // GELU and residual code made this file's compile 6 s per instance)
   const int g = lane >> 2, t = lane & 3;
-  const bool light = epi.light();
 #pragma unroll
   for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -340,10 +337,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #pragma unroll
       for (int j = 0; j < WN; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = n_cta + (warp_n * WN + j) * 8 + 2 * t + e;
-          if (light) epi.store_light(m, n, acc[i][j][2 * h + e], b_m);
-          else spartune::store_called(epi, m, n, acc[i][j][2 * h + e], b_m);
-        }
+        for (int e = 0; e < 2; ++e)
+          spartune::store_unrolled(epi, m, n_cta + (warp_n * WN + j) * 8 + 2 * t + e, acc[i][j][2 * h + e], b_m);
     }
 }
