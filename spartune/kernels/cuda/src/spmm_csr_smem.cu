@@ -118,7 +118,7 @@ __device__ __forceinline__ void finish(const float (&acc)[8], int g, int t, int 
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) spartune::store_unrolled(ep, m, n0 + h * 8 + i, acc[i], bias_m);
+      for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, acc[i], bias_m);
     }
     return;
   }
@@ -132,7 +132,7 @@ __device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0,
                                      const spartune::Epilogue& ep, const Partials& part) {
   if (part.slices == 1) {
     const int m = rows[team_row];
-    if (m >= 0) spartune::store_unrolled(ep, m, n0 + n_local, v, ep.bias_of(m));
+    if (m >= 0) ep.store(m, n0 + n_local, v, ep.bias_of(m));
     return;
   }
   part.ws[(part.base + part.slice * part.tile_rows + team_row) * NT + n_local] = v;
@@ -318,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) spartune::store_unrolled(ep, m, n0 + h * 8 + j, sum[j], bias_m);
+      for (int j = 0; j < 8; ++j) ep.store(m, n0 + h * 8 + j, sum[j], bias_m);
     }
   }
   if (tid == 0) *counter = 0;
