@@ -98,9 +98,11 @@ class Tuner:
     """Picks and remembers the fastest candidate per problem.
 
     measurer(candidate, bound) -> seconds; the default times candidate.run with
-    measure.time_callable (GPU only); bound (or None): a time past which the candidate has lost,
-    so the measurer may stop at a first estimate above it. db=None keeps choices in memory only. Fast mode measures the model's best
-    fast_count(len(candidates), top_k, top_frac) (top_frac=0: exactly top_k) and the libraries.
+    measure.time_callable (GPU only); bound (fast mode; else None): a time past which the
+    candidate has lost, so the measurer may stop at a first estimate above it (exhaustive runs
+    time everything fully: they are the model's data). db=None keeps choices in memory only.
+    Fast mode measures the model's best fast_count(len(candidates), top_k, top_frac)
+    (top_frac=0: exactly top_k) and the libraries.
     """
 
     def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[[Candidate], float] | None = None,
@@ -183,7 +185,7 @@ class Tuner:
         _prepare([cands[i] for i in to_measure])
         rows, best_s, seen = {}, math.inf, {}  # seen: the best seconds per backend so far
         for i in to_measure:
-            bound = SLOWER * best_s if math.isfinite(best_s) else None
+            bound = SLOWER * best_s if self.mode == "fast" and math.isfinite(best_s) else None
             c = cands[i]
             floor = c.floor(seen) if callable(c.floor) else c.floor
             if self.mode == "fast" and c.library and floor is not None and floor > best_s:

@@ -101,6 +101,9 @@ def test_later_candidates_get_a_bound_of_slower_times_the_best_so_far():
     cands, m = space(measured={0: 4e-6, 1: 2e-6, 2: 30e-6})
     tuner(m).pick(problem(), cands)
     assert m.bounds == [None, 3 * 4e-6, 3 * 2e-6, 3 * 2e-6, 3 * 2e-6]  # the top 4, then dense
+    cands, m = space(measured={0: 4e-6, 1: 2e-6, 2: 30e-6})
+    tuner(m, mode="exhaustive").pick(problem(), cands)
+    assert m.bounds == [None] * len(cands)  # exhaustive data is timed in full
 
 
 def test_the_measured_candidates_are_prepared_first_and_at_once():
