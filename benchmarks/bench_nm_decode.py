@@ -1,10 +1,11 @@
-"""2:4 decode on the sparse tensor cores, side by side with cuBLAS dense, in one run: every mma
-config of spmm_nm's space at N = 1 and 16 on the Llama shapes, the best register-prefetch
-config (stages = 2) beside the best cp.async-ring one (stages >= 3), and what the tuned
-`spartune.linear` picks. Every call is timed with the L2 flushed (triton's do_bench), so the
+"""2:4 and V:N:M decode on the sparse tensor cores, side by side with cuBLAS dense, in one run:
+every mma config of spmm_nm's space at N = 1 and 16 on the Llama shapes, the best
+register-prefetch config (stages = 2; V:N:M: x gathered element by element) beside the best
+cp.async-ring one (stages >= 3; V:N:M: rows of x^T), and what the tuned `spartune.linear` picks. Every call is timed with the L2 flushed (triton's do_bench), so the
 weight streams from DRAM as in serving.
 
-    python benchmarks/bench_nm_decode.py [--dtype bfloat16] [--n 1 16] [--shapes llama70b-up] [--out DIR]
+    python benchmarks/bench_nm_decode.py [--dtype bfloat16] [--n 1 16] [--shapes llama70b-up]
+        [--patterns 2:4 64:2:8] [--out DIR]
 
 Prints a table last and writes JSON to DIR (default $OUT or ./out).
 """
@@ -33,9 +34,9 @@ def seconds(fn) -> float:
     return do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
 
 
-def run_case(name, M, Kd, N, dtype):
+def run_case(name, M, Kd, N, dtype, pattern="2:4"):
     w = torch.randn(M, Kd, device="cuda", dtype=dtype)
-    A = sparsify_weight(w, "2:4")
+    A = sparsify_weight(w, pattern)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     out = torch.empty(N, M, device="cuda", dtype=dtype)
     dense = seconds(lambda: F.linear(x, w))
@@ -57,7 +58,7 @@ def run_case(name, M, Kd, N, dtype):
     tuned = seconds(lambda: st.linear(x, A))
     picked = [f"{c.backend} {c.config}" for c in dispatch._states[A].chosen.values()]
     a_bytes = A.values.numel() * 2 + A.values.numel() // 8  # values + 2-bit indices
-    return dict(shape=name, M=M, K=Kd, N=N, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
+    return dict(shape=name, M=M, K=Kd, N=N, pattern=pattern, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
                 registers_config=best["registers"][1], ring_s=best["ring"][0], ring_config=best["ring"][1],
                 tuned_s=tuned, tuned_pick=picked, weight_bytes=a_bytes)
 
@@ -67,6 +68,7 @@ def main():
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--n", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--patterns", nargs="+", default=["2:4"])
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -74,17 +76,18 @@ def main():
     rows = []
     for name in args.shapes:
         M, Kd = SHAPES[name]
-        for n in args.n:
-            row = run_case(name, M, Kd, n, dtype)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for pattern in args.patterns:
+            for n in args.n:
+                row = run_case(name, M, Kd, n, dtype, pattern)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"\n{'shape':<14}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "
+    print(f"\n{'shape':<14}{'pattern':>8}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "
           f"{'x dense regs':>13} {'ring':>6} {'tuned':>6} {'ring TB/s':>10}")
     for r in rows:
         d = r["dense_s"]
-        print(f"{r['shape']:<14}{r['N']:>4} {d * 1e6:>9.1f} {r['registers_s'] * 1e6:>8.1f} {r['ring_s'] * 1e6:>8.1f} "
+        print(f"{r['shape']:<14}{r['pattern']:>8}{r['N']:>4} {d * 1e6:>9.1f} {r['registers_s'] * 1e6:>8.1f} {r['ring_s'] * 1e6:>8.1f} "
               f"{r['tuned_s'] * 1e6:>9.1f} {d / r['registers_s']:>13.2f} {d / r['ring_s']:>6.2f} "
               f"{d / r['tuned_s']:>6.2f} {r['weight_bytes'] / r['ring_s'] / 1e12:>10.2f}")
 

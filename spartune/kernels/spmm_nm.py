@@ -74,13 +74,15 @@ def _warp_grid(config: Config) -> tuple[int, int] | None:
 @functools.lru_cache(maxsize=None)
 def _smem_bytes(config: Config, boxes: int = 1) -> int:
     """mma: the staged x chunk, or the K parts' partial sums where larger (they share the
-    buffer). wgmma: the stages (`boxes` x boxes, A values, metadata), or the output tile staged
+    buffer); `boxes` 2 there: the ring's V:N:M, x^T rows in a k-major tile (as spmm_nm.cu).
+    wgmma: the stages (`boxes` x boxes, A values, metadata), or the output tile staged
     for the epilogue where larger, plus the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
     if config.variant == "wgmma":
         stage = boxes * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
         tile = config.bn * (config.bm + 4) * 4
         return max(config.stages * stage, tile) + 16 * config.stages + 1024
-    x_tile = config.bn * (32 * config.ksteps * config.warps_k + 8) * 2
+    kc = 32 * config.ksteps * config.warps_k
+    x_tile = kc * ((config.bn // 8) | 1) * 8 * 2 if boxes == 2 else config.bn * (kc + 8) * 2
     partial = (config.warps_k - 1) * config.bm * config.bn * 4
     if config.stages >= 3:  # each stage: the x chunk and every warp's A fragments (16 + 4 bytes a lane)
         wm, _ = _warp_grid(config)
@@ -107,8 +109,14 @@ def space(problem: Problem) -> list[Config]:
     vnm = _vnm(problem.fmt)
     if vnm is None:
         return []
-    mma = [c for c in _mma_space(problem) if vnm[0] % c.bm == 0 and c.stages == 2]  # (x gathered by hand)
+    mma = [c for c in _mma_space(problem, gather=True) if vnm[0] % c.bm == 0]
     return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])]
+
+
+def mma_gather(config: Config) -> int:
+    """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x^T rows by the cp.async ring (2),
+    or x element by element (1)."""
+    return 2 if config.stages >= 3 else 1
 
 
 def wgmma_boxes(config: Config, v: int) -> int:
@@ -139,7 +147,7 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
     return out
 
 
-def _mma_space(problem: Problem) -> list[Config]:
+def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
     n_cap = max(8, 1 << math.ceil(math.log2(max(problem.n, 1))))
     out = []
     for bn in (8, 16, 32, 64, 128):
@@ -151,11 +159,13 @@ def _mma_space(problem: Problem) -> list[Config]:
             for ksteps in (4, 8) if bn <= 16 else (4,):
                 # decode: the weight's chunks two stages ahead through a cp.async ring (4 stages
                 # were never faster on the Llama shapes: LOG "spmm_nm mma variant, v3")
-                # (it copies x in 16-byte rows: the linear layout with K % 8 == 0)
-                ring = bn <= 16 and problem.layout == "linear" and problem.k % 8 == 0
+                # (it copies x in 16-byte rows: the linear layout with K % 8 == 0; V:N:M, rows
+                # of x^T, any layout)
+                ring = bn <= 16 and (gather or problem.layout == "linear" and problem.k % 8 == 0)
                 for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
-                    if _warp_grid(cfg) is not None and _smem_bytes(cfg) <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
+                    smem = _smem_bytes(cfg, 2 if gather and stages >= 3 else 1)
+                    if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
                         out.append(cfg)
     return out
 
@@ -193,16 +203,17 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     if not ring:
         regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
     steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
+    copy_bytes = 2 * x_bytes if vnm and ring and problem.layout == "linear" else 0  # the x^T copy
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / MMA_SP_PEAK,
         fma_flops=0.0,
-        dram_bytes=a_bytes + x_bytes + y_bytes,
-        l2_bytes=a_l2 + x_l2 + y_bytes,
+        dram_bytes=a_bytes + x_bytes + y_bytes + copy_bytes,
+        l2_bytes=a_l2 + x_l2 + y_bytes + copy_bytes,
         steps_max=steps,
         steps_mean=float(steps),
-        smem_bytes=_smem_bytes(config),
+        smem_bytes=_smem_bytes(config, 2 if vnm and ring else 1),
         num_warps=config.num_warps,
         num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
@@ -361,7 +372,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: in
 def instances(problem: Problem, config: Config) -> list:
     """The kernel a launch of `config` loads for `problem` (compiled ahead by the tuner)."""
     vnm = _vnm(problem.fmt)
-    gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else 1
+    gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else mma_gather(config)
     return [_instance(config, getattr(torch, problem.dtype), gather)]
 
 
@@ -395,20 +406,24 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     values, meta, mt, kt = packed(A)
     M, K = A.shape
     N = x.shape[0]
-    gather = isinstance(A, VNM)
-    if gather and A.v % config.bm:
+    vnm = isinstance(A, VNM)
+    if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    x_vec = int(not gather and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
-    if config.stages >= 3 and not x_vec:  # the ring copies x in 16-byte vectors: the register path
+    x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
         config = dataclasses.replace(config, stages=2)
-    kernel = _kernel(config, values.dtype, x.device, int(gather))
-    cols, map_rows = (column_map(A), A.v) if gather else (NULL, 1)
-    if gather:
+    gather = mma_gather(config) if vnm else 0
+    kernel = _kernel(config, values.dtype, x.device, gather)
+    cols, map_rows = (column_map(A), A.v) if vnm else (NULL, 1)
+    if vnm:
         K = kt * 32  # the kept columns, read through the map
+    sxn, sxk = x.stride(0), x.stride(1)
+    if gather == 2:  # rows of x^T: its row pitch, and the tokens readable per row in sxn
+        x, sxk, sxn = _tokens_major(x)
     p_bias, p_res, *rest = epilogue
     grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, x.stride(0), x.stride(1), x_vec, *rest, shmem=_smem_bytes(config) if config.stages >= 3 else 0)
+           kt, sxn, sxk, x_vec, *rest, shmem=_smem_bytes(config, gather) if config.stages >= 3 else 0)
 
 
 _NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand

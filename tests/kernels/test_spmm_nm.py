@@ -245,7 +245,8 @@ def test_instances_are_what_each_config_loads():
         for c in K.space(prob):
             (inst,) = K.instances(prob, c)
             defines = dict(inst.defines)
-            gather = 0 if pattern == "2:4" else K.wgmma_boxes(c, A.v) if c.variant == "wgmma" else 1
+            gather = 0 if pattern == "2:4" else K.wgmma_boxes(c, A.v) if c.variant == "wgmma" \
+                else 2 if c.stages >= 3 else 1
             assert defines["GATHER"] == gather and defines["SPARTUNE_BF16"] == (dtype == "bfloat16")
             assert inst == K._instance(c, getattr(torch, dtype), gather)
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
@@ -256,3 +257,17 @@ def test_compile_space_without_a_gpu_compiles_nothing():
     from spartune import dispatch
 
     assert dispatch.compile_space(st.sparsify_weight(torch.randn(64, 64), "2:4"), 16) == 0
+
+
+def test_vnm_decode_takes_the_ring_with_rows_of_x_transposed():
+    """V:N:M at decode: ring configs (GATHER 2: x^T rows by cp.async) in either layout, their
+    k-major x tile sized at an odd number of 16-byte units per row (8 tokens: 16 B, 16: 48 B)."""
+    A = st.sparsify_weight(torch.randn(256, 256), "64:2:8")
+    for layout in ("linear", "spmm"):
+        prob = Problem("linear", A.signature, 4096, 4100, 16, "float16", A.stats(), device="H100 sm_90", layout=layout)
+        ring = [c for c in K.space(prob) if c.stages >= 3]
+        assert ring and all(c.bn <= 16 and 64 % c.bm == 0 and K.mma_gather(c) == 2 for c in ring)
+    cfg = K.Config(32, 16, 4, 2, 4, stages=3)
+    kc, frags = 32 * 4 * 2, 4 * 1 * 4 * 32  # K per chunk; A fragments: warps x (bm / 16 / warps_m) x ksteps x lanes
+    assert K._smem_bytes(cfg, 2) == 3 * (kc * 24 * 2 + frags * 20)
+    assert K._smem_bytes(cfg, 1) == 3 * (16 * (kc + 8) * 2 + frags * 20)

@@ -12,12 +12,16 @@
 // into registers while this chunk multiplies. With PIPE >= 3 (2:4, x rows 16-byte aligned) they
 // move by cp.async instead, into a ring of PIPE shared-memory stages PIPE - 1 chunks ahead, so
 // more of the weight is in flight per warp without registers to hold it (decode's limit).
+// V:N:M takes the ring too (GATHER 2): x is then read as x^T (K rows, tokens contiguous), where a
+// kept column's tokens are one 16-byte row per 8 tokens, copied by cp.async into a k-major tile
+// that ldmatrix.trans turns into the same B fragments.
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
-//   GATHER  1 for V:N:M (x gathered through col_map), 0 for 2:4
+//   GATHER  0 for 2:4; V:N:M: 1 (x gathered element by element through col_map), 2 (rows of
+//           x^T through col_map, PIPE only)
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
-//           memory of PIPE_BYTES, which the launch passes; needs x_vec and GATHER 0)
+//           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
 #include "epilogue.cuh"
 #include "mma_sp.cuh"
 
@@ -40,18 +44,22 @@ constexpr int XS_STRIDE = KC + 8;                      // halves per staged toke
 constexpr int THREADS = WARPS * 32;
 constexpr int XVECS = BN * KC / 8;                     // 16-byte vectors of a chunk's x tile
 constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
-constexpr int XS_BYTES = BN * XS_STRIDE * 2;
-constexpr int XG = (BN * KC + THREADS - 1) / THREADS;  // gathered x elements per thread and chunk
 #ifndef GATHER
-#define GATHER 0  // 1: V:N:M, x read through col_map
+#define GATHER 0  // 1, 2: V:N:M, x read through col_map
 #endif
+// GATHER 2's k-major tile: rows of BN tokens at an odd number of 16-byte units, so the 8 rows
+// an ldmatrix.trans reads fall in 8 different bank groups
+constexpr int XT_STRIDE = ((BN / 8) | 1) * 8;
+constexpr int XS_BYTES = GATHER == 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
+constexpr int XG = (BN * KC + THREADS - 1) / THREADS;  // gathered x elements per thread and chunk
 constexpr bool XG_REGS = GATHER && XG <= 16;            // prefetched into registers when few
 constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * (BM / 16 / WARPS_M) * (BN / 8 / WARPS_N) * 4 * 32 * 4;
 constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #ifndef PIPE
 #define PIPE 0
 #endif
-static_assert(PIPE == 0 || (PIPE >= 3 && !GATHER), "the cp.async ring runs 2:4 with at least 3 stages");
+static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2, with at least 3 stages");
+static_assert((GATHER == 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 is the ring's V:N:M");
 constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
 constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
 constexpr int PIPE_BYTES = PIPE * STAGE_BYTES > RED_BYTES ? PIPE * STAGE_BYTES : RED_BYTES;
@@ -72,6 +80,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -81,7 +96,8 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 
 // a_values: (Mt, Kt, 32, 8) halves as uint4 per lane; a_meta: (Mt, Kt, 16) words, those of lanes
 // 4g and 4g + 1 (sparse_mma.py; selector 0 reads no other lane's).
-// x: (N, K) at strides (sxn, sxk); x_vec: 1 when sxk == 1, sxn % 8 == 0, x is 16-byte aligned
+// x: (N, K) at strides (sxn, sxk) (GATHER 2: x^T, K rows at pitch sxk, tokens contiguous and sxn
+// of them readable per row, a multiple of 8); x_vec: 1 when sxk == 1, sxn % 8 == 0, x is 16-byte aligned
 // and nothing is gathered (chunks then move as 16-byte vectors). col_map: null (2:4), or int32
 // (row blocks, Kt * 32) for V:N:M, BM dividing map_rows. bias (M,) / residual (N, M) may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -195,9 +211,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #pragma unroll
       for (int j = 0; j < WN; ++j) {
         // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
-        const int row = (warp_n * WN + j) * 8 + (lane & 7);
         unsigned b[4];
+#if GATHER == 2
+        ldmatrix_x4_trans(b, xs + (ks * 32 + (lane >> 3) * 8 + (lane & 7)) * XT_STRIDE + (warp_n * WN + j) * 8);
+#else
+        const int row = (warp_n * WN + j) * 8 + (lane & 7);
         ldmatrix_x4(b, xs + row * XS_STRIDE + ks * 32 + (lane >> 3) * 8);
+#endif
 #pragma unroll
         for (int i = 0; i < WM; ++i) {
           const unsigned a[4] = {cur_v[i][s].x, cur_v[i][s].y, cur_v[i][s].z, cur_v[i][s].w};
@@ -209,7 +229,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
   const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
 #if PIPE
-  // stage st: [x chunk (BN rows of XS_STRIDE halves)][A values: A_FRAGS uint4][metadata: A_FRAGS words],
+  // stage st: [x chunk (BN rows of XS_STRIDE halves; GATHER 2: KC rows of XT_STRIDE)][A values:
+  // A_FRAGS uint4][metadata: A_FRAGS words],
   // each warp's fragments at (warp, i, s, lane)
   auto stage_base = [&](int st) { return smem + st * STAGE_BYTES; };
   auto frag = [&](int i, int s) { return ((warp * WM + i) * KSTEPS + s) * 32 + lane; };
@@ -224,10 +245,17 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS;
       if (v < XVECS) {
+#if GATHER == 2  // kept column k0 + kk of the block: 8 tokens of its x^T row (padding: -1, zeros)
+        const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
+        const int col = k0 + kk < K ? cols[k0 + kk] : -1;
+        const bool in = col >= 0 && n_cta + t8 < sxn;
+        cp_async16(xs_s + kk * XT_STRIDE + t8, in ? x + (long long)col * sxk + n_cta + t8 : x, in ? 16 : 0);
+#else
         const int n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
         const bool in = n_cta + n < N && k0 + kk < K;
         const int bytes = !in ? 0 : K - k0 - kk >= 8 ? 16 : 2 * (K - k0 - kk);  // the K tail zero-filled
         cp_async16(xs_s + n * XS_STRIDE + kk, in ? x + (long long)(n_cta + n) * sxn + k0 + kk : x, bytes);
+#endif
       }
     }
     uint4* av_s = reinterpret_cast<uint4*>(base + XS_BYTES);
