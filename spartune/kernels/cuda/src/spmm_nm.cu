@@ -237,6 +237,19 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   auto a_ok = [&](int chunk, int i, int s) {
     return mt0 + i < Mt && chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k < Kt;
   };
+#if GATHER == 2
+  // the map entries of the next chunk issue() copies, loaded one chunk ahead: a load that issue()
+  // waited on stalled every chunk by an L2 round trip
+  int next_col[XV];
+  auto load_cols = [&](int chunk) {
+#pragma unroll
+    for (int q = 0; q < XV; ++q) {
+      const int v = tid + q * THREADS, k = chunk * KC + v / (BN / 8);
+      next_col[q] = v < XVECS && k < K ? cols[k] : -1;
+    }
+  };
+  load_cols(0);
+#endif
   auto issue = [&](int chunk) {
     unsigned char* base = stage_base(chunk % PIPE);
     unsigned short* xs_s = reinterpret_cast<unsigned short*>(base);
@@ -247,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       if (v < XVECS) {
 #if GATHER == 2  // kept column k0 + kk of the block: 8 tokens of its x^T row (padding: -1, zeros)
         const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
-        const int col = k0 + kk < K ? cols[k0 + kk] : -1;
+        const int col = next_col[q];
         const bool in = col >= 0 && n_cta + t8 < sxn;
         cp_async16(xs_s + kk * XT_STRIDE + t8, in ? x + (long long)col * sxk + n_cta + t8 : x, in ? 16 : 0);
 #else
@@ -258,6 +271,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #endif
       }
     }
+#if GATHER == 2
+    load_cols(chunk + 1);
+#endif
     uint4* av_s = reinterpret_cast<uint4*>(base + XS_BYTES);
     unsigned* am_s = reinterpret_cast<unsigned*>(base + XS_BYTES + A_FRAGS * 16);
 #pragma unroll
