@@ -114,14 +114,9 @@ def space(problem: Problem) -> list[Config]:
 
 
 def mma_gather(config: Config) -> int:
-    """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x element by element (1); with the
-    cp.async ring, the same a chunk ahead in registers where a thread holds at most 16 of them and
-    the tile is 8 tokens (3: no x^T copy, whose second launch weighs at N <= 8), else rows of
-    x^T (2)."""
-    if config.stages < 3:
-        return 1
-    elements = config.bn * 32 * config.ksteps * config.warps_k / (32 * config.num_warps)
-    return 3 if config.bn == 8 and elements <= 16 else 2
+    """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x^T rows by the cp.async ring (2),
+    or x element by element (1)."""
+    return 2 if config.stages >= 3 else 1
 
 
 def wgmma_boxes(config: Config, v: int) -> int:
@@ -169,7 +164,7 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                 ring = bn <= 16 and (gather or problem.layout == "linear" and problem.k % 8 == 0)
                 for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
-                    smem = _smem_bytes(cfg, 2 if gather and mma_gather(cfg) == 2 else 1)
+                    smem = _smem_bytes(cfg, 2 if gather and stages >= 3 else 1)
                     if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
                         out.append(cfg)
     return out
@@ -208,7 +203,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     if not ring:
         regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
     steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
-    copy_bytes = 2 * x_bytes if vnm and mma_gather(config) == 2 and problem.layout == "linear" else 0  # x^T
+    copy_bytes = 2 * x_bytes if vnm and ring and problem.layout == "linear" else 0  # the x^T copy
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
@@ -218,7 +213,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         l2_bytes=a_l2 + x_l2 + y_bytes + copy_bytes,
         steps_max=steps,
         steps_mean=float(steps),
-        smem_bytes=_smem_bytes(config, 2 if vnm and mma_gather(config) == 2 else 1),
+        smem_bytes=_smem_bytes(config, 2 if vnm and ring else 1),
         num_warps=config.num_warps,
         num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
@@ -428,7 +423,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     p_bias, p_res, *rest = epilogue
     grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, sxn, sxk, x_vec, *rest, shmem=_smem_bytes(config, 2 if gather == 2 else 1) if config.stages >= 3 else 0)
+           kt, sxn, sxk, x_vec, *rest, shmem=_smem_bytes(config, gather) if config.stages >= 3 else 0)
 
 
 _NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand

@@ -254,9 +254,8 @@ def test_vnm_odd_shapes_and_epilogue(dtype, M, Kd, N):
     bias = torch.randn(M, device="cuda", dtype=dtype)
     res = torch.randn(N, M, device="cuda", dtype=dtype)
     configs = K.space(problem(A, N))
-    # the cp.async ring: x^T rows (GATHER 2) and x's elements through registers (GATHER 3)
-    ring = list({K.mma_gather(c): c for c in configs if c.stages >= 3}.values())
-    assert len(ring) == 2
+    ring = [c for c in configs if c.stages >= 3][:1]  # x^T rows through the cp.async ring
+    assert ring
     for cfg in {configs[0], configs[-1], *ring}:
         out = run(A, x, cfg, bias=bias, residual=res, activation="silu")
         assert not out.isnan().any(), cfg
@@ -274,8 +273,7 @@ def test_vnm_through_linear_and_graph_capture():
     assert rel(st.linear(x, A), reference(x, w)) <= TOL  # the tuner's pick, whichever it is
     configs = K.space(problem(A, 16))
     check_graph_replay(A, w, x, configs[0])
-    for gather in (2, 3):  # the ring's two ways of staging x (GATHER 2 captures its x^T copy too)
-        check_graph_replay(A, w, x, next(c for c in configs if c.stages >= 3 and K.mma_gather(c) == gather))
+    check_graph_replay(A, w, x, next(c for c in configs if c.stages >= 3))  # (its x^T copy captured too)
 
 
 # ---- V:N:M on the wgmma variant (Hopper): x^T's kept rows gathered by cp.async ----

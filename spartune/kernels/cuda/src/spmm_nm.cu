@@ -19,8 +19,7 @@
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
 //   GATHER  0 for 2:4; V:N:M: 1 (x gathered element by element through col_map), 2 (rows of
-//           x^T through col_map, PIPE only), 3 (PIPE for A, x gathered element by element a
-//           chunk ahead in registers: no x^T copy at small N)
+//           x^T through col_map, PIPE only)
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
 //           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
 #include "epilogue.cuh"
@@ -59,9 +58,8 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #ifndef PIPE
 #define PIPE 0
 #endif
-static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 / 3, with at least 3 stages");
-static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
-static_assert(GATHER != 3 || XG_REGS, "GATHER 3 holds a chunk's gathered x in registers: at most 16 a thread");
+static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2, with at least 3 stages");
+static_assert((GATHER == 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 is the ring's V:N:M");
 constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
 constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
 constexpr int PIPE_BYTES = PIPE * STAGE_BYTES > RED_BYTES ? PIPE * STAGE_BYTES : RED_BYTES;
@@ -165,26 +163,16 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   // V:N:M: the chunk's kept columns, gathered element by element into registers (all loads in
   // flight at once, under the previous chunk's MMAs), x's contiguous dimension fastest
   unsigned short xg[XG_REGS ? XG : 1];
-  constexpr bool gather_regs = XG_REGS && GATHER != 2;
-  // GATHER 3: the map entries of the chunk gather_x reads next, loaded a chunk ahead (the x loads
-  // then wait on nothing)
-  int gcol[GATHER == 3 ? XG : 1];
-  auto map_entry = [&](int chunk, int q) {
-    const int e = tid + q * THREADS, kk = sxk == 1 ? e % KC : e / BN;
-    return e < BN * KC && chunk * KC + kk < K ? cols[chunk * KC + kk] : -1;
-  };
+  constexpr bool gather_regs = XG_REGS;
   auto gather_x = [&](int chunk) {
+    const int k0 = chunk * KC;
 #pragma unroll
     for (int q = 0; q < (XG_REGS ? XG : 1); ++q) {
       const int e = tid + q * THREADS;
-      const int n = sxk == 1 ? e / KC : e % BN;
-      const int col = GATHER == 3 ? gcol[q] : map_entry(chunk, q);
+      const int n = sxk == 1 ? e / KC : e % BN, kk = sxk == 1 ? e % KC : e / BN;
+      const int col = e < BN * KC && k0 + kk < K ? cols[k0 + kk] : -1;
       xg[q] = n_cta + n < N && col >= 0 ? x[(long long)(n_cta + n) * sxn + (long long)col * sxk] : 0;
     }
-#if GATHER == 3
-#pragma unroll
-    for (int q = 0; q < XG; ++q) gcol[q] = map_entry(chunk + 1, q);
-#endif
   };
   auto stage_x = [&](int chunk) {
     if (gather_regs) {
@@ -270,9 +258,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS;
       if (v < XVECS) {
-#if GATHER == 3  // x comes through registers (gather_x)
-        (void)k0;
-#elif GATHER == 2  // kept column k0 + kk of the block: 8 tokens of its x^T row (padding: -1, zeros)
+#if GATHER == 2  // kept column k0 + kk of the block: 8 tokens of its x^T row (padding: -1, zeros)
         const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
         const int col = next_col[q];
         const bool in = col >= 0 && n_cta + t8 < sxn;
@@ -305,24 +291,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     if (p < chunks) issue(p);
     cp_async_commit();
   }
-#if GATHER == 3
-#pragma unroll
-  for (int q = 0; q < XG; ++q) gcol[q] = map_entry(0, q);
-  gather_x(0);
-#endif
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<PIPE - 2>();  // chunk c has landed (this thread's copies) ...
-    xs = reinterpret_cast<unsigned short*>(stage_base(c % PIPE));
-#if GATHER == 3
-    stage_x(c);  // (chunk c - PIPE, the stage's last, was multiplied before the previous barrier)
-#endif
     __syncthreads();            // ... everyone's; and the stage refilled next is free
     if (c + PIPE - 1 < chunks) issue(c + PIPE - 1);
     cp_async_commit();
-#if GATHER == 3
-    if (c + 1 < chunks) gather_x(c + 1);  // in flight while this chunk multiplies
-#endif
     const unsigned char* base = stage_base(c % PIPE);
+    xs = reinterpret_cast<unsigned short*>(stage_base(c % PIPE));
     const uint4* av_s = reinterpret_cast<const uint4*>(base + XS_BYTES);
     const unsigned* am_s = reinterpret_cast<const unsigned*>(base + XS_BYTES + A_FRAGS * 16);
     uint4 cur_v[WM][KSTEPS];
