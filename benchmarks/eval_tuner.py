@@ -425,7 +425,7 @@ def _fresh_tuner(spec_device, db=None, mode="fast"):
 
     def measurer(c, bound):
         calls.append(c.backend)
-        return measure_candidate(c, bound)
+        return measure_candidate(c, bound, brief=mode == "fast")
 
     tuner = Tuner(db, spec_device, measurer=measurer, mode=mode)
     dispatch._tuner = tuner

@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="shapes, one a line: 'M,K,N' or 'NAME M,K,N' ('#' comments)")
     tune.add_argument("--compile-all", action="store_true",
                       help="also compile every config of the CUDA kernels for each problem, in parallel (once "
-                           "per machine: later shapes then tune without compiling)")
+                           "per machine: later shapes of the same patterns, token counts and dtypes then tune "
+                           "without compiling)")
 
     info = sub.add_parser("info", help="device, versions, calibration and tuning DB contents")
     info.add_argument("--json", action="store_true", help="as JSON")

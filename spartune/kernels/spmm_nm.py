@@ -377,7 +377,7 @@ def instances(problem: Problem, config: Config) -> list:
 
 
 def _instance(config: Config, dtype: torch.dtype, gather: int = 0):
-    """gather: 0 for 2:4; V:N:M: 1 (mma), or the boxes of x per stage (wgmma)."""
+    """gather: 0 for 2:4; V:N:M: `mma_gather(config)` (mma), or the boxes of x per stage (wgmma)."""
     if config.variant == "wgmma":
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,

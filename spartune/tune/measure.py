@@ -153,10 +153,11 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     return t
 
 
-def measure_candidate(candidate, bound: float | None = None) -> float:
+def measure_candidate(candidate, bound: float | None = None, *, brief: bool = True) -> float:
     """The tuner's default measurer: time the candidate's prepared `run` (a single call when
-    that already takes longer than `bound` seconds)."""
+    that already takes longer than `bound` seconds). brief: the tuner's short timing (fast mode);
+    False times as time_callable does by default (exhaustive runs: the model's data)."""
     if candidate.run is None:
         raise ValueError(f"candidate {candidate.backend} has no run callable to measure")
-    return time_callable(candidate.run, graph=candidate.graph, warmup_ms=TUNE_WARMUP_MS, rep_ms=TUNE_REP_MS,
-                         bound=bound)
+    timing = dict(warmup_ms=TUNE_WARMUP_MS, rep_ms=TUNE_REP_MS) if brief else {}
+    return time_callable(candidate.run, graph=candidate.graph, bound=bound, **timing)

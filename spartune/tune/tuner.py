@@ -11,6 +11,8 @@ the cost-model features (or a predicted time) and callables that run and check i
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -97,15 +99,16 @@ def config_json(config) -> dict | None:
 class Tuner:
     """Picks and remembers the fastest candidate per problem.
 
-    measurer(candidate, bound) -> seconds; the default times candidate.run with
-    measure.time_callable (GPU only); bound (fast mode; else None): a time past which the
-    candidate has lost, so the measurer may stop at a first estimate above it (exhaustive runs
-    time everything fully: they are the model's data). db=None keeps choices in memory only.
+    measurer(candidate[, bound]) -> seconds; the default times candidate.run with
+    measure.time_callable (GPU only), briefly in fast mode and in full in exhaustive mode (its
+    runs are the model's data). A measurer that takes `bound` gets, in fast mode, a time past
+    which the candidate has lost, so it may stop at a first estimate above it (else None); a
+    one-argument measurer is called as before. db=None keeps choices in memory only.
     Fast mode measures the model's best fast_count(len(candidates), top_k, top_frac)
     (top_frac=0: exactly top_k) and the libraries.
     """
 
-    def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[[Candidate], float] | None = None,
+    def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[..., float] | None = None,
                  mode: str = "fast", top_k: int = TOP_K, top_frac: float = TOP_FRAC):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -114,8 +117,11 @@ class Tuner:
         if not 0.0 <= top_frac <= 1.0:
             raise ValueError(f"top_frac must be between 0 and 1, got {top_frac}")
         if measurer is None:
-            from .measure import measure_candidate as measurer
+            from .measure import measure_candidate
+
+            measurer = functools.partial(measure_candidate, brief=mode == "fast")
         self.db, self.device, self.measurer, self.mode, self.top_k = db, device_spec, measurer, mode, top_k
+        self._bounded = _takes_bound(measurer)
         self.top_frac = top_frac
         self._memo: dict[tuple, Choice] = {}
 
@@ -183,7 +189,7 @@ class Tuner:
         else:
             to_measure = order
         _prepare([cands[i] for i in to_measure])
-        rows, best_s, seen = {}, math.inf, {}  # seen: the best seconds per backend so far
+        rows, best_s, seen, cut = {}, math.inf, {}, []  # seen: the best seconds per backend so far
         for i in to_measure:
             bound = SLOWER * best_s if self.mode == "fast" and math.isfinite(best_s) else None
             c = cands[i]
@@ -191,16 +197,38 @@ class Tuner:
             if self.mode == "fast" and c.library and floor is not None and floor > best_s:
                 rows[i] = {"backend": c.backend, "config": configs[i], "predicted": preds[i], "seconds": None,
                            "error": f"not run: its floor {floor:.3g} s is past the best measured {best_s:.3g} s"}
+                cut.append(i)
                 continue
             rows[i] = self._measure(c, configs[i], preds[i], bound)
             seconds = rows[i]["seconds"]
             if seconds is not None:
                 best_s = min(best_s, seconds)
                 seen[c.backend] = min(seconds, seen.get(c.backend, math.inf))
+                if bound is not None and seconds > bound:
+                    cut.append(i)
 
-        # fastest measured first; with no measurements, the model's order
-        ranked = sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) if to_measure else order
-        chosen = next((i for i in ranked if self._passes(cands[i], i, configs[i], preds[i], rows)), None)
+        def rank():  # fastest measured first; with no measurements, the model's order
+            return sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) \
+                if to_measure else order
+
+        passed: dict[int, bool] = {}  # each candidate's check runs once
+
+        def first_passing(ranked):
+            for i in ranked:
+                if i not in passed:
+                    passed[i] = self._passes(cands[i], i, configs[i], preds[i], rows)
+                if passed[i]:
+                    return i
+            return None
+
+        ranked = rank()
+        chosen = first_passing(ranked)
+        if chosen != (ranked[0] if ranked else None) and cut:
+            # the fastest failed its check: what was skipped or cut short against it is timed in
+            # full before a slower candidate is stored as the best
+            for i in cut:
+                rows[i] = self._measure(cands[i], configs[i], preds[i])
+            chosen = first_passing(rank())
         best = None
         if chosen is not None:
             best = {"backend": cands[chosen].backend, "config": configs[chosen], "predicted": preds[chosen],
@@ -217,7 +245,7 @@ class Tuner:
     def _measure(self, c: Candidate, cfg, predicted: float, bound: float | None = None) -> dict:
         row = {"backend": c.backend, "config": cfg, "predicted": predicted, "seconds": None, "error": None}
         try:
-            seconds = float(self.measurer(c, bound))
+            seconds = float(self.measurer(c, bound) if self._bounded else self.measurer(c))
             if not (seconds > 0 and math.isfinite(seconds)):
                 raise ValueError(f"measurer returned {seconds!r} seconds")
             row["seconds"] = seconds
@@ -237,6 +265,16 @@ class Tuner:
             row = rows.setdefault(i, {"backend": c.backend, "config": cfg, "predicted": predicted})
             row.update(seconds=None, error=error)
         return ok
+
+
+def _takes_bound(measurer) -> bool:
+    """Whether the measurer accepts a second argument (the bound)."""
+    try:
+        params = inspect.signature(measurer).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def _prepare(cands: Sequence[Candidate]) -> None:

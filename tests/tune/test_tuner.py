@@ -112,21 +112,48 @@ def test_the_measured_candidates_are_prepared_first_and_at_once():
     import threading
 
     started = threading.Barrier(3, timeout=5)  # three prepares must be in flight together
-    prepared = []
+    prepared, met = [], []
 
     def prepare(i):
         def fn():
-            prepared.append(i)
             if i < 3:
-                started.wait()
+                started.wait()  # (a broken barrier raises, and the prepare is not recorded)
+                met.append(i)
+            prepared.append(i)
             if i == 3:
                 raise RuntimeError("compile error")
         return fn
 
     cands, m = space()
     cands = [dataclasses.replace(c, prepare=prepare(i)) for i, c in enumerate(cands)]
-    tuner(m).pick(problem(), cands)
-    assert sorted(prepared) == [0, 1, 2, 3, 20] and len(m.calls) == 5
+
+    def measurer(c, bound):
+        assert sorted(prepared) == [0, 1, 2, 3, 20]  # every prepare has run before any timing
+        return m(c, bound)
+
+    tuner(measurer).pick(problem(), cands)
+    assert sorted(met) == [0, 1, 2] and len(m.calls) == 5
+
+
+def test_a_one_argument_measurer_still_works():
+    cands, m = space(measured={2: 0.5e-6})
+    choice = tuner(lambda c: m(c)).pick(problem(), cands)
+    assert choice.config == Cfg(bn=48) and m.bounds == [None] * 5
+
+
+def test_the_default_measurer_is_brief_in_fast_mode_only():
+    assert Tuner(None, H100).measurer.keywords == {"brief": True}
+    assert Tuner(None, H100, mode="exhaustive").measurer.keywords == {"brief": False}
+
+
+def test_a_failed_winner_brings_back_what_was_skipped_against_it():
+    """The fastest fails its check: a library skipped for its floor, or cut short at the bound,
+    is timed in full and may win."""
+    lib = Candidate("cusparse", None, predicted=4e-3, library=True, floor=1.5e-6)
+    cands, m = space(measured={0: 1e-6}, checks={0: lambda: False})
+    m.times[("cusparse", None)] = 1.2e-6  # (its floor was wrong: it beats the others)
+    choice = tuner(m).pick(problem(), [*cands, lib])
+    assert choice.backend == "cusparse" and m.calls.count(("cusparse", None)) == 1
 
 
 def test_a_library_whose_floor_is_past_the_best_is_not_run(tmp_path):

@@ -25,11 +25,17 @@ _loaded: dict[tuple[Instance, int], "LoadedKernel"] = {}
 _cache: CubinCache | None = None
 
 
+_cache_lock = threading.Lock()  # (not _lock: load() holds that while it reads the cache)
+
+
 def default_cache() -> CubinCache:
-    """The process's cubin cache (in the spartune cache directory at first use)."""
+    """The process's cubin cache (in the spartune cache directory at first use; one even when
+    the tuner's compile threads ask for it first at once)."""
     global _cache
     if _cache is None:
-        _cache = CubinCache()
+        with _cache_lock:
+            if _cache is None:
+                _cache = CubinCache()
     return _cache
 
 
