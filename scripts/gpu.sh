@@ -7,6 +7,7 @@
 #   TESTS=0 RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs
 #   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
 #   TESTS=0 RUNS="bench_nm_decode.py --n 1 16" bash scripts/gpu.sh       # 2:4 decode, every mma config (issue 14)
+#   TESTS=0 RUNS="bench_nm_decode.py --patterns 64:2:8 64:2:16" bash scripts/gpu.sh   # V:N:M decode
 #   TESTS=0 RUNS="bench_nm_prefill.py --n 2048 --no-tuned" bash scripts/gpu.sh   # 2:4 and V:N:M prefill (issue 14)
 #   TESTS=0 RUNS="bench_first_use.py --shape llama13b-up" bash scripts/gpu.sh   # first use of a shape (tuning time)
 #   TESTS=0 RUNS="bench_blocked.py --shfl --heights 32,64" bash scripts/gpu.sh   # Shfl-BW beside block (issue 17)
