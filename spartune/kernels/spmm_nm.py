@@ -162,8 +162,7 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                 # (it copies x in 16-byte rows: the linear layout with K % 8 == 0; V:N:M, rows
                 # of x^T, any layout)
                 ring = bn <= 16 and (gather or problem.layout == "linear" and problem.k % 8 == 0)
-                # (V:N:M's chunks carry half of 2:4's weight bytes: a ring one stage deeper)
-                for stages in ((2, 3, 4) if gather else (2, 3)) if ring else (2,):
+                for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
                     smem = _smem_bytes(cfg, 2 if gather and stages >= 3 else 1)
                     if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
