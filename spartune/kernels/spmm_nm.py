@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cuda
+from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
 from ..formats import VNM, memo
@@ -361,11 +362,11 @@ def release_unused(A, configs) -> None:
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
 
 
-def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: int = 0):
-    key = (config, dtype, device.index, gather)
+def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: int = 0, act: int = 0):
+    key = (config, dtype, device.index, gather, act)
     kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _kernels[key] = cuda.load(_instance(config, dtype, gather), device)
+        kernel = _kernels[key] = cuda.load(_instance(config, dtype, gather, act), device)
     return kernel
 
 
@@ -373,11 +374,13 @@ def instances(problem: Problem, config: Config) -> list:
     """The kernel a launch of `config` loads for `problem` (compiled ahead by the tuner)."""
     vnm = _vnm(problem.fmt)
     gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else mma_gather(config)
-    return [_instance(config, getattr(torch, problem.dtype), gather)]
+    return [_instance(config, getattr(torch, problem.dtype), gather, ACTIVATION_CODES[problem.epilogue.activation])]
 
 
-def _instance(config: Config, dtype: torch.dtype, gather: int = 0):
-    """gather: 0 for 2:4; V:N:M: `mma_gather(config)` (mma), or the boxes of x per stage (wgmma)."""
+def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0):
+    """gather: 0 for 2:4; V:N:M: `mma_gather(config)` (mma), or the boxes of x per stage (wgmma).
+    act: the activation's code, compiled into mma instances (their epilogue, unrolled over every
+    accumulator, then inlines one activation); the wgmma epilogue takes it at run time."""
     if config.variant == "wgmma":
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
@@ -385,6 +388,7 @@ def _instance(config: Config, dtype: torch.dtype, gather: int = 0):
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
         "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather),
+        "SPARTUNE_ACT": act,
         "PIPE": config.stages if config.stages >= 3 else 0})
 
 
@@ -413,7 +417,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
         config = dataclasses.replace(config, stages=2)
     gather = mma_gather(config) if vnm else 0
-    kernel = _kernel(config, values.dtype, x.device, gather)
+    kernel = _kernel(config, values.dtype, x.device, gather, epilogue[-2])  # (the activation's code)
     cols, map_rows = (column_map(A), A.v) if vnm else (NULL, 1)
     if vnm:
         K = kt * 32  # the kept columns, read through the map

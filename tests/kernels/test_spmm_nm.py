@@ -8,7 +8,7 @@ import spartune as st
 from spartune.kernels import registry
 from spartune.kernels import spmm_nm as K
 from spartune.kernels.cuda import emulate as E
-from spartune.tune.problem import Problem
+from spartune.tune.problem import Epilogue, Problem
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -251,6 +251,11 @@ def test_instances_are_what_each_config_loads():
             assert inst == K._instance(c, getattr(torch, dtype), gather)
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
         assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages) for c in wg})
+        # the mma epilogue's activation is compiled in (one per instance); wgmma's is not
+        gelu = Problem("linear", A.signature, 4096, 4096, 2048, dtype, A.stats(), Epilogue(activation="gelu"), hopper)
+        for c in K.space(prob)[:3] + wg[:1]:
+            defines = dict(K.instances(gelu, c)[0].defines)
+            assert defines.get("SPARTUNE_ACT") == (2 if c.variant == "mma" else None)
 
 
 def test_compile_space_without_a_gpu_compiles_nothing():

@@ -4,6 +4,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+// A template compiled with -DSPARTUNE_ACT=<code> applies that activation only: a loop unrolled
+// over many accumulators then inlines one activation, not the switch over all of them (which made
+// an instance's NVRTC compile take seconds: benchmarks/LOG.md, "First use ... session 14").
+#ifdef SPARTUNE_ACT
+#define SPARTUNE_ACT_OF(act) (SPARTUNE_ACT)
+#else
+#define SPARTUNE_ACT_OF(act) (act)
+#endif
+
 namespace spartune {
 
 // dtype codes of the epilogue tensors: 0 fp16, 1 bf16, 2 fp32
@@ -73,35 +82,10 @@ struct Epilogue {
   // out[n, m] from one accumulator of row m (bias_m = bias_of(m)); skips positions outside.
   __device__ __forceinline__ void store(int m, int n, float acc, float bias_m) const {
     if (m >= M || n >= N) return;
-    float v = activate(acc * scale + bias_m, act);
+    float v = activate(acc * scale + bias_m, SPARTUNE_ACT_OF(act));
     if (residual) v += load_as_float(residual, (long long)n * srn + (long long)m * srm, res_code);
     store_from_float(out, (long long)n * son + (long long)m * som, out_code, v);
   }
-
-  // Scale, bias and at most a ReLU, no residual: what `store_light` handles inline.
-  __device__ __forceinline__ bool light() const { return act <= 1 && !residual; }
-
-  // `store` for a `light()` epilogue: no MUFU activation, no residual load, so a template that
-  // unrolls its epilogue over many accumulators stays small (NVRTC's time grows with it).
-  __device__ __forceinline__ void store_light(int m, int n, float acc, float bias_m) const {
-    if (m >= M || n >= N) return;
-    const float v = acc * scale + bias_m;
-    store_from_float(out, (long long)n * son + (long long)m * som, out_code, act ? fmaxf(v, 0.f) : v);
-  }
 };
-
-// `store` compiled once per kernel, not once per unrolled accumulator: the other epilogues
-// (GELU, SiLU, a residual) called from an unrolled loop. Their cost is a call per element.
-__device__ __noinline__ void store_called(const Epilogue& epi, int m, int n, float acc, float bias_m) {
-  epi.store(m, n, acc, bias_m);
-}
-
-// What a loop unrolled over accumulators calls: the light epilogue inline, the others through
-// `store_called`. Inlined whole, GELU and the residual's dtype switch per element made an
-// instance's NVRTC compile take seconds (benchmarks/LOG.md, "First use ... session 14").
-__device__ __forceinline__ void store_unrolled(const Epilogue& epi, int m, int n, float acc, float bias_m) {
-  if (epi.light()) epi.store_light(m, n, acc, bias_m);
-  else store_called(epi, m, n, acc, bias_m);
-}
 
 }  // namespace spartune

@@ -20,6 +20,7 @@
 //                                   32-wide K steps per warp and chunk
 //   GATHER  0 for 2:4; V:N:M: 1 (x gathered element by element through col_map), 2 (rows of
 //           x^T through col_map, PIPE only)
+//   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
 //           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
 #include "epilogue.cuh"
@@ -382,6 +383,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       for (int j = 0; j < WN; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          spartune::store_unrolled(epi, m, n_cta + (warp_n * WN + j) * 8 + 2 * t + e, acc[i][j][2 * h + e], b_m);
+          epi.store(m, n_cta + (warp_n * WN + j) * 8 + 2 * t + e, acc[i][j][2 * h + e], b_m);
     }
 }
