@@ -95,9 +95,12 @@ def find_choice(A, n: int, dtype: str, op: str = "linear"):
     """The tuner's Choice for linear(x with n rows, A), or spmm(A, X with n columns), without an
     epilogue, made in this process, or None (reports show what was picked)."""
     layout = "spmm" if op == "spmm" and n > 1 else "linear"  # as _layout sees spmm's x = X.T
-    key = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device),
-                  layout).key()
-    return get_tuner().cached(key)
+    return get_tuner().cached(linear_problem(A, n, dtype, layout).key())
+
+
+def linear_problem(A, n: int, dtype: str, layout: str = "linear") -> Problem:
+    """The tuner's Problem for linear(x with n rows, A) without an epilogue."""
+    return Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device), layout)
 
 
 def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
@@ -107,7 +110,7 @@ def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
     from .tune.device import dtype_name
 
     dtype = dtype_name(dtype or (A.dtype if A.dtype != torch.float64 else torch.float32))
-    problem = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device))
+    problem = linear_problem(A, n, dtype)
     tuner = get_tuner()
     ours = {f: None for f in registry.families("linear", A)}
     times: dict[str, float] = {}
@@ -338,8 +341,7 @@ def compile_space(A, n: int, dtype=None) -> int:
     kernels in the cubin cache and tunes in a fraction of a second. Returns the instances."""
     from .kernels import cuda
 
-    dtype = str(dtype or A.dtype).removeprefix("torch.")
-    problem = Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device))
+    problem = linear_problem(A, n, str(dtype or A.dtype).removeprefix("torch."))
     insts = [inst for f in registry.families("linear", A) if f.language == "cuda" and f.available(A.device)
              for cfg in f.space(problem) for inst in f.instances(problem, cfg)]
     cuda.precompile(insts, A.device)
