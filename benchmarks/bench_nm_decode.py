@@ -70,6 +70,19 @@ def run_case(name, M, Kd, N, dtype, pattern="2:4"):
                 tuned_s=tuned, tuned_eager_s=tuned_eager, dense_graph_s=dense_graph, tuned_pick=picked, weight_bytes=a_bytes)
 
 
+def each_problem(shapes: dict, args, case, shown=lambda row: row) -> list[dict]:
+    """case(name, M, K, N, pattern) for each of args.shapes, args.patterns and args.n, each row
+    printed as JSON as it comes (shown(row): what of it to print)."""
+    rows = []
+    for name in args.shapes:
+        M, Kd = shapes[name]
+        for pattern in args.patterns:
+            for n in args.n:
+                rows.append(case(name, M, Kd, n, pattern))
+                print(json.dumps(shown(rows[-1])), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
@@ -80,14 +93,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
-    rows = []
-    for name in args.shapes:
-        M, Kd = SHAPES[name]
-        for pattern in args.patterns:
-            for n in args.n:
-                row = run_case(name, M, Kd, n, dtype, pattern)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    rows = each_problem(SHAPES, args, lambda name, M, Kd, n, pattern: run_case(name, M, Kd, n, dtype, pattern))
     with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'shape':<14}{'pattern':>8}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "

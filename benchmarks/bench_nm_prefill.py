@@ -37,7 +37,7 @@ from spartune.tune.model import predict
 from spartune.tune.problem import Problem
 from spartune.tune.tuner import fast_count
 
-from bench_nm_decode import SHAPES as LLAMA, seconds  # (a sibling script: benchmarks/ is on the path)
+from bench_nm_decode import SHAPES as LLAMA, each_problem, seconds  # (a sibling script: benchmarks/ is on the path)
 
 SHAPES = {**LLAMA, "bert-ffn1": (3072, 768), "bert-ffn2": (768, 3072)}
 PEAK, DRAM = 1720e12, 3.0e12
@@ -122,15 +122,13 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
-    rows = []
-    for name in args.shapes:
-        M, Kd = SHAPES[name]
-        for n in args.n:
-            for pattern in args.patterns:
-                row = run_case(name, M, Kd, n, pattern, dtype, args.top, not args.no_tuned, args.first_use)
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "timed"}), flush=True)
-                torch.cuda.empty_cache()
+
+    def case(name, M, Kd, n, pattern):
+        row = run_case(name, M, Kd, n, pattern, dtype, args.top, not args.no_tuned, args.first_use)
+        torch.cuda.empty_cache()  # (the problem's weights and layouts go before the next one's)
+        return row
+
+    rows = each_problem(SHAPES, args, case, shown=lambda row: {k: v for k, v in row.items() if k != "timed"})
     with open(os.path.join(args.out, f"bench_nm_prefill_{args.dtype}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{args.dtype}\n{'shape':<13}{'N':>5} {'pattern':>8} {'dense us':>9} {'cslt us':>8} {'ours us':>8} "

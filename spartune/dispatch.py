@@ -340,8 +340,11 @@ def compile_space(A, n: int, dtype=None) -> int:
     those the tuner would time (`spartune tune --compile-all`): a later shape then finds its
     kernels in the cubin cache and tunes in a fraction of a second. Returns the instances."""
     from .kernels import cuda
+    from .tune.device import dtype_name
 
-    problem = linear_problem(A, n, str(dtype or A.dtype).removeprefix("torch."))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (tokens) must be a positive int, got {n!r}")
+    problem = linear_problem(A, n, dtype_name(dtype or A.dtype))
     insts = [inst for f in registry.families("linear", A) if f.language == "cuda" and f.available(A.device)
              for cfg in f.space(problem) for inst in f.instances(problem, cfg)]
     cuda.precompile(insts, A.device)

@@ -276,3 +276,14 @@ def test_vnm_decode_takes_the_ring_with_rows_of_x_transposed():
     kc, frags = 32 * 4 * 2, 4 * 1 * 4 * 32  # K per chunk; A fragments: warps x (bm / 16 / warps_m) x ksteps x lanes
     assert K._smem_bytes(cfg, 2) == 3 * (kc * 24 * 2 + frags * 20)
     assert K._smem_bytes(cfg, 1) == 3 * (16 * (kc + 8) * 2 + frags * 20)
+
+
+def test_compile_space_rejects_bad_input():
+    from spartune import dispatch
+
+    A = st.sparsify_weight(torch.randn(64, 64), "2:4")
+    for n in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="positive int"):
+            dispatch.compile_space(A, n)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        dispatch.compile_space(A, 16, "int8")
