@@ -114,6 +114,11 @@ def space(problem: Problem) -> list[Config]:
     return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])]
 
 
+def _mma_smem_bytes(config: Config, vnm: bool) -> int:
+    """The mma variant's shared memory: V:N:M on the ring stages x^T rows in a k-major tile."""
+    return _smem_bytes(config, 2 if vnm and mma_gather(config) == 2 else 1)
+
+
 def mma_gather(config: Config) -> int:
     """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x^T rows by the cp.async ring (2),
     or x element by element (1)."""
@@ -165,7 +170,7 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                 ring = bn <= 16 and (gather or problem.layout == "linear" and problem.k % 8 == 0)
                 for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
-                    smem = _smem_bytes(cfg, 2 if gather and stages >= 3 else 1)
+                    smem = _mma_smem_bytes(cfg, gather)
                     if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
                         out.append(cfg)
     return out
@@ -214,7 +219,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         l2_bytes=a_l2 + x_l2 + y_bytes + copy_bytes,
         steps_max=steps,
         steps_mean=float(steps),
-        smem_bytes=_smem_bytes(config, 2 if vnm and ring else 1),
+        smem_bytes=_mma_smem_bytes(config, vnm is not None),
         num_warps=config.num_warps,
         num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
@@ -427,7 +432,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     p_bias, p_res, *rest = epilogue
     grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, sxn, sxk, x_vec, *rest, shmem=_smem_bytes(config, gather) if config.stages >= 3 else 0)
+           kt, sxn, sxk, x_vec, *rest, shmem=_mma_smem_bytes(config, vnm) if config.stages >= 3 else 0)
 
 
 _NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand
