@@ -47,6 +47,7 @@ class Config:
     # prefetched into registers, >= 3 = a cp.async ring of that many shared-memory stages (2:4)
     stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
+    cluster_m: int = 1  # wgmma, 2:4: CTAs of a cluster (adjacent row blocks) multicasting each x box
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -144,12 +145,16 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
     for bm, bn in ((128, 64), (128, 128), (128, 256), (256, 64), (256, 128)):
         if bn > max(64, problem.n * 2):  # no tile wider than twice the tokens
             continue
+        # 2:4 on 4+ row blocks: pairs of CTAs multicasting x (group_m then counts pairs)
+        clusters = ((1, (4, 8, 16, 32)),) if v or problem.m < 4 * bm else ((1, (4, 8, 16, 32)), (2, (4, 8, 16)))
         for stages in (3, 4, 5) if v else (4, 5):  # (two boxes of x: 3 stages fit at BN = 256)
-            for group_m in (4, 8, 16, 32):
-                cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m)
-                boxes = wgmma_boxes(cfg, v) if v else 1
-                if boxes and _smem_bytes(cfg, boxes) <= SMEM_LIMIT_HOPPER:
-                    out.append(cfg)
+            for cluster_m, groups in clusters:
+                for group_m in groups:
+                    cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m,
+                                 cluster_m=cluster_m)
+                    boxes = wgmma_boxes(cfg, v) if v else 1
+                    if boxes and _smem_bytes(cfg, boxes) <= SMEM_LIMIT_HOPPER:
+                        out.append(cfg)
     return out
 
 
@@ -244,16 +249,18 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     # group_m row blocks x (SMs / group_m) token strips; A is read again for each such set of
     # strips and x for each group, unless both fit in L2 together
     a_reads = x_reads = 1.0
+    group_rows = config.group_m * config.cluster_m  # row blocks of a group (group_m counts clusters)
     if a_bytes + x_bytes > L2_REUSE_BYTES:
-        a_reads = max(1.0, strips * config.group_m / HOPPER_SMS)
-        x_reads = max(1.0, row_tiles / config.group_m)
+        a_reads = max(1.0, strips * group_rows / HOPPER_SMS)
+        x_reads = max(1.0, row_tiles / group_rows)
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
         mma_flops=2.0 * tiles * config.bm * config.bn * k_pad * DENSE_PEAK / WGMMA_SP_PEAK,
         fma_flops=0.0,
         dram_bytes=a_bytes * a_reads + x_bytes * x_reads + y_bytes + copy_bytes,
-        l2_bytes=strips * a_bytes + boxes * row_tiles * strips * config.bn * k_pad * elt + y_bytes + copy_bytes,
+        l2_bytes=strips * a_bytes + boxes * row_tiles * strips * config.bn * k_pad * elt / config.cluster_m + y_bytes
+        + copy_bytes,
         steps_max=stages_k,
         steps_mean=float(stages_k),
         smem_bytes=_smem_bytes(config, boxes),
@@ -317,27 +324,40 @@ def _pack(A, cols: int):
     return v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt
 
 
-def packed_wgmma(A, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(values, metadata, K stages) for the wgmma variant with BM = bm: the mma.sp order of
-    `packed`, regrouped so that each (bm rows, 64 of K) stage is one contiguous run of values
-    (K step, 16-row tile, lane) and one of metadata, which the kernel's producer moves with one
-    bulk copy each. Rows pad to bm and K to 128, an even number of stages (zero values, valid
-    metadata): the kernel alternates two register sets between stages."""
-    return memo(A, f"_nm_wgmma_packed_{bm}", lambda: _pack_wgmma(A, bm))
+def packed_wgmma(A, bm: int, cluster_m: int = 1) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(values, metadata, K stages) for the wgmma variant with BM = bm, each (bm rows, 64 of K)
+    stage one contiguous run of values and one of metadata, which the kernel's producer moves
+    with one bulk copy each: the values as the tensor cores read them from shared memory, per
+    (K step, 64-row block) 64 x 16 kept values, K-major without swizzle (8 x 8 core matrices of
+    128 contiguous bytes, the two along K adjacent, the 8-row groups 256 B apart); the metadata
+    in mma.sp's register order, (K step, 16-row tile, 16 words). Rows pad to bm x cluster_m (a
+    cluster's row blocks) and K to 128, an even number of stages (zero values, valid metadata):
+    the kernel alternates two metadata register sets between stages."""
+    return memo(A, _packed_key(bm, cluster_m), lambda: _pack_wgmma(A, bm, cluster_m))
+
+
+def _packed_key(bm: int, cluster_m: int) -> str:
+    return f"_nm_wgmma_packed_{bm}_{cluster_m}"
 
 
 _META_ZERO = 0x44444444  # positions (0, 1) in every group: valid metadata for zero values
 
 
-def _pack_wgmma(A, bm: int):
+def _pack_wgmma(A, bm: int, cluster_m: int):
     values, meta, mt, kt = packed(A)
     tiles, ksteps = bm // 16, WGMMA_BK // 32
-    mt_pad, kt_pad = math.ceil(mt / tiles) * tiles, math.ceil(kt / (2 * ksteps)) * 2 * ksteps  # stages in pairs
+    mt_pad = math.ceil(mt / (tiles * cluster_m)) * tiles * cluster_m
+    kt_pad = math.ceil(kt / (2 * ksteps)) * 2 * ksteps  # stages in pairs
     values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, kt_pad - kt, 0, mt_pad - mt))
     meta = torch.nn.functional.pad(meta, (0, 0, 0, kt_pad - kt, 0, mt_pad - mt), value=_META_ZERO)
     stages = kt_pad // ksteps
     values = values.reshape(mt_pad // tiles, tiles, stages, ksteps, 32, 8).permute(0, 2, 3, 1, 4, 5)
     meta = meta.reshape(mt_pad // tiles, tiles, stages, ksteps, 16).permute(0, 2, 3, 1, 4)
+    # register order (g, t, col half, row half, pair) -> rows (row half, g), columns (col half, t, pair),
+    # then (64-row block, 8-row group, K core matrix, row, 8 values)
+    b = mt_pad // tiles
+    values = values.reshape(b, stages, ksteps, tiles, 8, 4, 2, 2, 2).permute(0, 1, 2, 3, 7, 4, 6, 5, 8)
+    values = values.reshape(b, stages, ksteps, tiles // 4, 8, 8, 2, 8).permute(0, 1, 2, 3, 4, 6, 5, 7)
     return values.contiguous(), meta.contiguous(), stages
 
 
@@ -359,7 +379,7 @@ def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> tuple[torch.Tensor, int]
 def release_unused(A, configs) -> None:
     """Each BM of the wgmma variant keeps its own copy of the packed weight: drop the copies no
     chosen config reads."""
-    kept = {f"_nm_wgmma_packed_{c.bm}" for c in configs if c.variant == "wgmma"}
+    kept = {_packed_key(c.bm, c.cluster_m) for c in configs if c.variant == "wgmma"}
     for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_packed_") and k not in kept]:
         del A.__dict__[key]
 
@@ -387,9 +407,10 @@ def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0)
     act: the activation's code, compiled into mma instances (their epilogue, unrolled over every
     accumulator, then inlines one activation); the wgmma epilogue takes it at run time."""
     if config.variant == "wgmma":
+        cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-            "STAGES": config.stages, "GATHER": gather}, arch_specific=True)
+            "STAGES": config.stages, "GATHER": gather, **cluster}, arch_specific=True)
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
         "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather),
@@ -446,17 +467,18 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     M, N = A.shape[0], x.shape[0]
     if vnm and A.shape[1] * (-(-N // 8) * 8) >= 2**31:
         raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
-    values, meta, stages_k = packed_wgmma(A, config.bm)
+    values, meta, stages_k = packed_wgmma(A, config.bm, config.cluster_m)
     if vnm:
         xt, ldx, n_alloc = _tokens_major(x)
         (cols, full_stages), x_map, v_rows = wgmma_column_map(A, stages_k, config.bm), _NO_TENSOR_MAP, A.v
     else:
         if x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
             x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
-        x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn)
+        x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn // config.cluster_m)  # each CTA's share of a box
         xt, ldx, n_alloc, cols, v_rows, full_stages = NULL, 0, 0, NULL, 1, 0
     kernel = _kernel(config, values.dtype, x.device, boxes)
-    row_blocks = math.ceil(M / config.bm)  # (a V:N:M weight's rows pad to V, which may pass them)
+    # (a V:N:M weight's rows pad to V, which may pass them; a cluster's row blocks come whole)
+    row_blocks = math.ceil(M / (config.bm * config.cluster_m)) * config.cluster_m
     p_bias, p_res, *rest = epilogue
     grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
     kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,

@@ -160,6 +160,23 @@ def test_wgmma_every_config(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_clusters_every_config(dtype):
+    """Pairs of CTAs multicasting x: an odd number of row blocks (11 of 128, 6 of 256), so the
+    last pair's second CTA computes padding rows and still loads its share of every x box."""
+    M, Kd, N = 1300, 328, 300
+    w = random_2to4(M, Kd, dtype, 12)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    configs = [c for c in configs_of(A, N, "wgmma") if c.cluster_m > 1]
+    assert configs
+    for cfg in configs:
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M, Kd", [(100, 72), (16, 32), (1000, 776), (4096, 4096)])
 @pytest.mark.parametrize("N", [1, 7, 77, 1000])
 def test_wgmma_odd_shapes(dtype, M, Kd, N):

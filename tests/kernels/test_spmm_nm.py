@@ -87,25 +87,27 @@ def test_linear_on_the_cpu_falls_back():
 
 # ---- the wgmma variant's host side ----
 
-@pytest.mark.parametrize("rows, cols", [(16, 32), (100, 72), (300, 328), (7, 5)])
-def test_wgmma_packing_regroups_the_mma_order(rows, cols):
+@pytest.mark.parametrize("rows, cols, cluster_m", [(16, 32, 1), (100, 72, 1), (300, 328, 2), (7, 5, 2)])
+def test_wgmma_packing_puts_each_value_where_the_tensor_cores_read_it(rows, cols, cluster_m):
     w = random_2to4(rows, cols, torch.float16, seed=rows + cols)
     A = st.NM.from_dense(w, 2, 4)
     values, meta, mt, kt = K.packed(A)
-    wv, wm, stages = K.packed_wgmma(A, 128)
+    wv, wm, stages = K.packed_wgmma(A, 128, cluster_m)
     blocks = wv.shape[0]
-    assert wv.shape == (blocks, stages, 2, 8, 32, 8) and wm.shape == (blocks, stages, 2, 8, 16)
-    assert blocks * 128 >= rows and stages * 64 >= cols and stages % 2 == 0  # stages in pairs
-    # back to (16-row tile, 32-wide K step) order: the kernel's reads are the mma.sp registers
-    back_v = wv.permute(0, 3, 1, 2, 4, 5).reshape(blocks * 8, stages * 2, 32, 8)
+    # (block, stage, K step, 64-row block, 8-row group, K core matrix, row, value)
+    assert wv.shape == (blocks, stages, 2, 2, 8, 2, 8, 8) and wm.shape == (blocks, stages, 2, 8, 16)
+    assert blocks % cluster_m == 0 and blocks * 128 >= rows and stages * 64 >= cols and stages % 2 == 0
+    # element by element: kept value (row, c) of A's compressed rows sits at its core-matrix address
+    kept = torch.zeros(blocks * 128, stages * 32, dtype=A.values.dtype)
+    kept[:rows, : A.values.shape[1]] = A.values
+    b, s, kk, j, rg, kc, r, e = torch.meshgrid(*[torch.arange(n) for n in wv.shape], indexing="ij")
+    row, col = b * 128 + j * 64 + rg * 8 + r, (s * 2 + kk) * 16 + kc * 8 + e
+    assert torch.equal(wv, kept[row, col])
+    # the metadata: back in (16-row tile, 32-wide K step) order, mma.sp's registers
     back_m = wm.permute(0, 3, 1, 2, 4).reshape(blocks * 8, stages * 2, 16)
-    assert torch.equal(back_v[:mt, :kt], values) and torch.equal(back_m[:mt, :kt], meta)
-    assert not back_v[mt:].any() and not back_v[:, kt:].any()
+    assert torch.equal(back_m[:mt, :kt], meta)
     assert (back_m[mt:] == 0x44444444).all() and (back_m[:, kt:] == 0x44444444).all()
-    lane = torch.arange(32)
-    dense = E.decode_matrix(back_v, back_m[..., 2 * (lane // 4) + lane % 2])
-    assert torch.equal(dense[:rows, :cols], w.double()) and not dense[rows:].any() and not dense[:, cols:].any()
-    assert K.packed_wgmma(A, 128) is K.packed_wgmma(A, 128)
+    assert K.packed_wgmma(A, 128, cluster_m) is K.packed_wgmma(A, 128, cluster_m)
 
 
 def test_wgmma_space_is_hopper_only():
@@ -250,7 +252,7 @@ def test_instances_are_what_each_config_loads():
             assert defines["GATHER"] == gather and defines["SPARTUNE_BF16"] == (dtype == "bfloat16")
             assert inst == K._instance(c, getattr(torch, dtype), gather)
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
-        assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages) for c in wg})
+        assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages, c.cluster_m) for c in wg})
         # the mma epilogue's activation is compiled in (one per instance); wgmma's is not
         gelu = Problem("linear", A.signature, 4096, 4096, 2048, dtype, A.stats(), Epilogue(activation="gelu"), hopper)
         for c in K.space(prob)[:3] + wg[:1]:

@@ -3,13 +3,16 @@
 // A CTA owns BM rows of A x BN tokens and walks K in stages of 64 (one 128-byte swizzle row of x):
 // - warpgroup 0 is the producer: one thread waits for a free stage, then loads the stage's x box
 //   with the tensor copy engine (TMA, 128-byte swizzle, zeros past N and K) and A's values and
-//   metadata with two bulk copies (the host packs them per (BM rows, K stage), in the order the
-//   consumers read them), all completing on the stage's `full` mbarrier;
-// - warpgroups 1 and 2 are the consumers, BM/2 rows each: each thread reads its A fragments and
-//   metadata word from shared memory (mma.sp m16n8k32's register order, which wgmma.sp keeps per
-//   warp), issues the stage's wgmma.sp with B (x) from shared memory, waits, and frees the stage.
+//   metadata with two bulk copies (the host packs them per (BM rows, K stage): the values as the
+//   tensor cores read them, the metadata in the consumers' order), all completing on the stage's
+//   `full` mbarrier;
+// - warpgroups 1 and 2 are the consumers, BM/2 rows each: each thread reads its metadata word
+//   (mma.sp m16n8k32's layout, which wgmma.sp keeps per warp), issues the stage's wgmma.sp with A
+//   and B (x) from shared memory, waits, and frees the stage (one arrival per warp).
 // The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
-// accumulators.
+// accumulators. With CLUSTER_M > 1 the CTAs of a cluster own adjacent row blocks of the same
+// tokens: each loads 1/CLUSTER_M of the x box and multicasts it to all (x is most of what the
+// CTAs read through L2), and each consumer warp frees a stage in every CTA of the cluster.
 // V:N:M (GATHER > 0): A is the 2:4 matrix over each V-row block's kept columns, and x comes as
 // x^T (K, tokens; row pitch ldx, a multiple of 8): a kept column is one contiguous row of tokens,
 // so the whole producer warpgroup gathers a stage's 64 kept columns through col_map with 16-byte
@@ -19,6 +22,7 @@
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, STAGES  rows of A (128, 256), tokens (64, 128, 256), shared-memory stages
 //   GATHER  0: 2:4 (x by TMA), 1 or 2: V:N:M, boxes of gathered x per stage
+//   CLUSTER_M  1, 2 or 4 (2:4): CTAs of a cluster sharing each x box
 #include "epilogue.cuh"
 #include "wgmma_sp.cuh"
 
@@ -27,6 +31,9 @@
 #endif
 #ifndef GATHER
 #define GATHER 0
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1
 #endif
 
 constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
@@ -52,19 +59,25 @@ static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
 static_assert(GATHER >= 0 && GATHER <= 2, "GATHER: 0 (2:4), 1 or 2 boxes of x per stage");
+static_assert(CLUSTER_M == 1 || ((CLUSTER_M == 2 || CLUSTER_M == 4) && !GATHER), "CLUSTER_M: 1, or 2 or 4 for 2:4");
+constexpr int BOX_N = BN / CLUSTER_M;  // tokens of the x box each CTA of a cluster loads and multicasts
 
 // CUtensorMap's layout (cuda.h): 128 opaque bytes, 64-byte aligned.
 struct alignas(64) TensorMap {
   unsigned long long opaque[16];
 };
 
+// A's 64 x 16 kept values of one 32-wide K step come from shared memory (a_desc: K-major, no
+// swizzle, 8 x 8 core matrices, LBO 128 B along K, SBO 256 B along M; the host packs them so);
+// each thread's metadata word from a register.
+constexpr unsigned A_LBO = 128, A_SBO = 256, A_BLOCK = 64 * 16 * 2;  // bytes of one (K step, m64) block
 template <int R>
-__device__ __forceinline__ void wgmma_sp(float (&d)[R], const unsigned (&a)[4], unsigned long long b, unsigned e,
-                                         int accumulate) {
+__device__ __forceinline__ void wgmma_sp(float (&d)[R], unsigned long long a_desc, unsigned long long b_desc,
+                                         unsigned e, int accumulate) {
   constexpr int TB = MN_MAJOR ? 1 : 0;
-  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32<TB>(d, a, b, e, accumulate);
-  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32<TB>(d, a, b, e, accumulate);
-  else spartune::wgmma_sp_m64n256k32<TB>(d, a, b, e, accumulate);
+  if constexpr (R == 32) spartune::wgmma_sp_m64n64k32<TB>(d, a_desc, b_desc, e, accumulate);
+  else if constexpr (R == 64) spartune::wgmma_sp_m64n128k32<TB>(d, a_desc, b_desc, e, accumulate);
+  else spartune::wgmma_sp_m64n256k32<TB>(d, a_desc, b_desc, e, accumulate);
 }
 
 // V:N:M: one stage's copies of this producer thread into the stage's boxes (MN-major, 128-byte
@@ -94,7 +107,12 @@ __device__ __forceinline__ void gather_stage(unsigned char* dst, const char* bas
 // (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN (2:4). V:N:M: xt (K, ldx)
 // with n_alloc readable tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32 with
 // no -1 before stage full_stages. bias (M,) / residual (N, M) may be null.
-extern "C" __global__ void __launch_bounds__(384, 1)
+#if CLUSTER_M > 1
+#define SPARTUNE_CLUSTER __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define SPARTUNE_CLUSTER
+#endif
+extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
                   const unsigned* __restrict__ a_meta, const unsigned short* __restrict__ xt,
                   const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
@@ -112,18 +130,23 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   // tile order: groups of group_m row blocks, each group's tiles row block fastest, so that the
   // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m)
+  // (in units of clusters: a cluster's CTAs take adjacent row blocks of the same tokens; the
+  // host pads the row blocks to a multiple of CLUSTER_M)
+  const int rank = CLUSTER_M > 1 ? (int)spartune::cluster_rank() : 0;
+  const int cid = blockIdx.x / CLUSTER_M, row_groups = row_blocks / CLUSTER_M;
   const int tiles_n = (N + BN - 1) / BN, per_group = group_m * tiles_n;
-  const int first_m = blockIdx.x / per_group * group_m, in_group = blockIdx.x % per_group;
-  const int group_size = min(row_blocks - first_m, group_m);
-  const int mb = first_m + in_group % group_size, n0 = in_group / group_size * BN;
+  const int first_m = cid / per_group * group_m, in_group = cid % per_group;
+  const int group_size = min(row_groups - first_m, group_m);
+  const int mb = (first_m + in_group % group_size) * CLUSTER_M + rank, n0 = in_group / group_size * BN;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + each producer thread's cp.async
-      spartune::mbar_init(&empty[s], 256);  // every consumer thread frees the stage
+      spartune::mbar_init(&empty[s], 8 * CLUSTER_M);  // each consumer warp of the cluster frees the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // the peers' barriers exist before any copy
 
   if (threadIdx.x < 128) {  // producer warpgroup
 #if GATHER
@@ -184,12 +207,17 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const int s = ks % STAGES;
         spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
-        spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
+        if constexpr (CLUSTER_M > 1)  // this CTA's share of the box, into every CTA of the cluster
+          spartune::tma_load_2d_multicast(b_tiles + s * B_STAGE + rank * BOX_N * BK * 2, &x_map, ks * BK,
+                                          n0 + rank * BOX_N, &full[s], (1u << CLUSTER_M) - 1);
+        else
+          spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
         spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
         spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
       }
     }
 #endif
+    if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // pairs the consumers' last one
     return;
   }
 
@@ -201,10 +229,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   float acc[WM][ACC];  // no zeroing: the first wgmma overwrites (scale-d 0); an ordinary write
                       // would stall the wgmma pipeline (ptxas C7515)
 
-  // Stage ks's A fragments go into register set ks % 2, so that its wgmmas are issued while
-  // stage ks - 1's still run (a register operand must stay untouched until its wgmma completes):
-  // wait<1> then retires stage ks - 1. The host pads K to an even number of stages.
-  unsigned a[2][WM][KS][4], e[2][WM][KS];
+  // Stage ks's metadata goes into register set ks % 2, so that its wgmmas are issued while stage
+  // ks - 1's still run (a register operand must stay untouched until its wgmma completes): wait<1>
+  // then retires stage ks - 1. The host pads K to an even number of stages.
+  unsigned e[2][WM][KS];
 #pragma unroll 1
   for (int ks = 0; ks < k_stages; ks += 2) {
 #pragma unroll
@@ -217,8 +245,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
           const int tile = (c * WM + i) * 4 + warp;
-          const uint4 v = a_tiles[s * (A_STAGE / 16) + (kk * T + tile) * 32 + lane];
-          a[p][i][kk][0] = v.x, a[p][i][kk][1] = v.y, a[p][i][kk][2] = v.z, a[p][i][kk][3] = v.w;
           e[p][i][kk] = e_tiles[s * (E_STAGE / 4) + (kk * T + tile) * 16 + 2 * (lane >> 2) + (lane & 1)];
         }
       // 2:4: K-major box, a K step 64 bytes along its rows; V:N:M: this consumer's MN-major box,
@@ -227,28 +253,39 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           MN_MAJOR ? spartune::desc_mn_major_sw128(b_tiles + (s * BOXES + (BOXES == 2 ? c : 0)) * B_STAGE, MN_LBO, MN_SBO)
                  : spartune::desc_k_major_sw128(b_tiles + s * B_STAGE);
       constexpr unsigned K_STEP = MN_MAJOR ? 4 * MN_SBO : 32 * 2;
+      const unsigned char* a_stage = reinterpret_cast<const unsigned char*>(a_tiles + s * (A_STAGE / 16));
       spartune::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-        for (int i = 0; i < WM; ++i)
-          wgmma_sp(acc[i], a[p][i][kk], b_desc + (kk * K_STEP >> 4), e[p][i][kk], kp > 0 || kk > 0);
+        for (int i = 0; i < WM; ++i)  // the stage's A: blocks (K step, m64 block), this one's
+          wgmma_sp(acc[i], spartune::desc_k_major_plain(a_stage + (kk * (BM / 64) + c * WM + i) * A_BLOCK, A_LBO, A_SBO),
+                   b_desc + (kk * K_STEP >> 4), e[p][i][kk], kp > 0 || kk > 0);
       spartune::wgmma_commit();
       spartune::wgmma_wait<1>();  // stage kp - 1 (in set 1 - p) is done
       if (kp > 0) {
 #pragma unroll
         for (int i = 0; i < WM; ++i)
 #pragma unroll
-          for (int kk = 0; kk < KS; ++kk)
-            asm volatile("" ::"r"(a[1 - p][i][kk][0]), "r"(a[1 - p][i][kk][1]), "r"(a[1 - p][i][kk][2]),
-                         "r"(a[1 - p][i][kk][3]), "r"(e[1 - p][i][kk]));
-        spartune::mbar_arrive(&empty[(kp - 1) % STAGES]);
+          for (int kk = 0; kk < KS; ++kk) asm volatile("" ::"r"(e[1 - p][i][kk]));
+        __syncwarp();
+        if (lane == 0) {
+          if constexpr (CLUSTER_M > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER_M; ++r) spartune::mbar_arrive_cluster(&empty[(kp - 1) % STAGES], r);
+          } else {
+            spartune::mbar_arrive(&empty[(kp - 1) % STAGES]);
+          }
+        }
       }
     }
   }
   spartune::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
+  // no CTA leaves while a peer may still arrive on its barriers; every copy into this CTA's
+  // stages has landed (its consumers waited for each), so the epilogue may reuse them
+  if constexpr (CLUSTER_M > 1) spartune::cluster_sync();
 
   // epilogue: the accumulators go through shared memory (the stages are free once both
   // consumers are past the last one), so that the stores run along m, coalesced, and the

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) building blocks: mbarriers, bulk and tensor copies (TMA) into shared memory,
-// and the warpgroup-wide sparse MMA `wgmma.mma_async.sp` (m64nNk32, A from registers in mma.sp's
-// fragment order, B from shared memory through a descriptor, f32 accumulators).
+// clusters, and the warpgroup-wide sparse MMA `wgmma.mma_async.sp` (m64nNk32, A's kept values and B
+// from shared memory through descriptors, the metadata from registers, f32 accumulators).
 // The including file defines SPARTUNE_BF16 (0: fp16 operands, 1: bf16).
 #pragma once
 
@@ -59,6 +59,35 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, i
       : "memory");
 }
 
+// The same box written at the same offset into the shared memory of every CTA of the cluster in
+// `cta_mask`, each completing on its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* tensor_map, int c0, int c1,
+                                                      unsigned long long* bar, unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// ---- clusters ----
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster (release / acquire: barrier inits, the last arrivals).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster (default semantics:
+// a .release.cluster arrival costs a cluster-wide fence each, LOG "wgmma variant").
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
 // ---- warpgroup MMA ----
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -78,6 +107,13 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
 __device__ __forceinline__ unsigned long long desc_k_major_sw128(const void* tile) {
   const unsigned long long addr = smem_addr(tile);
   return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+// Descriptor of a K-major operand tile without swizzle: 8 x 8 core matrices (8 rows of 16 B,
+// 128 contiguous bytes), `lbo` bytes apart along K and `sbo` apart along M.
+__device__ __forceinline__ unsigned long long desc_k_major_plain(const void* tile, unsigned lbo, unsigned sbo) {
+  const unsigned long long addr = smem_addr(tile);
+  return ((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
 }
 
 // Descriptor of an MN-major operand tile with 128-byte swizzle: 8-row groups along K of 64
@@ -114,36 +150,37 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// d (64 x N, f32) += A (64 x 32, 2:4: each warp's 16 rows in mma.sp m16n8k32's registers a and
-// meta, selector 0) x B (32 x N, a descriptor: K-major, or MN-major with TRANS_B = 1); scale_d = 0
-// overwrites d instead.
+// d (64 x N, f32) += A (64 x 32, 2:4: its 64 x 16 kept values in shared memory, a descriptor;
+// each warp's metadata for its 16 rows in `meta`, mma.sp m16n8k32's layout, selector 0) x B
+// (32 x N, a descriptor: K-major, or MN-major with TRANS_B = 1); scale_d = 0 overwrites d.
+
 template <int TRANS_B = 0>
-__device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], const unsigned (&a)[4], unsigned long long b_desc,
-                                                  unsigned meta, int scale_d) {
+__device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], unsigned long long a_desc,
+                                                     unsigned long long b_desc, unsigned meta, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %35, 0;\n"
       "wgmma.mma_async.sp.sync.aligned.m64n64k32." SPARTUNE_WGMMA_TYPES " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, %37, 0, p, 1, 1, %39;\n}\n"
+      "}, %32, %33, %34, 0, p, 1, 1, 0, %36;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
+      : "l"(a_desc), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
 }
 
 template <int TRANS_B = 0>
-__device__ __forceinline__ void wgmma_sp_m64n128k32(float (&d)[64], const unsigned (&a)[4], unsigned long long b_desc,
-                                                  unsigned meta, int scale_d) {
+__device__ __forceinline__ void wgmma_sp_m64n128k32(float (&d)[64], unsigned long long a_desc,
+                                                     unsigned long long b_desc, unsigned meta, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
       "wgmma.mma_async.sp.sync.aligned.m64n128k32." SPARTUNE_WGMMA_TYPES " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, %69, 0, p, 1, 1, %71;\n}\n"
+      "}, %64, %65, %66, 0, p, 1, 1, 0, %68;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -152,14 +189,14 @@ __device__ __forceinline__ void wgmma_sp_m64n128k32(float (&d)[64], const unsign
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
+      : "l"(a_desc), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
 }
 
 template <int TRANS_B = 0>
-__device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], const unsigned (&a)[4], unsigned long long b_desc,
-                                                  unsigned meta, int scale_d) {
+__device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], unsigned long long a_desc,
+                                                     unsigned long long b_desc, unsigned meta, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %134, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %131, 0;\n"
       "wgmma.mma_async.sp.sync.aligned.m64n256k32." SPARTUNE_WGMMA_TYPES " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
@@ -169,7 +206,7 @@ __device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], const unsig
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, {%128, %129, %130, %131}, %132, %133, 0, p, 1, 1, %135;\n}\n"
+      "}, %128, %129, %130, 0, p, 1, 1, 0, %132;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -186,7 +223,7 @@ __device__ __forceinline__ void wgmma_sp_m64n256k32(float (&d)[128], const unsig
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
+      : "l"(a_desc), "l"(b_desc), "r"(meta), "r"(scale_d), "n"(TRANS_B));
 }
 
 }  // namespace spartune
