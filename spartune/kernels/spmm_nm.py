@@ -77,12 +77,7 @@ def _warp_grid(config: Config) -> tuple[int, int] | None:
 def _smem_bytes(config: Config, boxes: int = 1) -> int:
     """mma: the staged x chunk, or the K parts' partial sums where larger (they share the
     buffer); `boxes` 2 there: the ring's V:N:M, x^T rows in a k-major tile (as spmm_nm.cu).
-    wgmma: the stages (`boxes` x boxes, A values, metadata), or the output tile staged
-    for the epilogue where larger, plus the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
-    if config.variant == "wgmma":
-        stage = boxes * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
-        tile = config.bn * (config.bm + 4) * 4
-        return max(config.stages * stage, tile) + 16 * config.stages + 1024
+    (The wgmma variant's: `_wgmma_smem_bytes`.)"""
     kc = 32 * config.ksteps * config.warps_k
     x_tile = kc * ((config.bn // 8) | 1) * 8 * 2 if boxes == 2 else config.bn * (kc + 8) * 2
     partial = (config.warps_k - 1) * config.bm * config.bn * 4
@@ -91,6 +86,17 @@ def _smem_bytes(config: Config, boxes: int = 1) -> int:
         frags = config.num_warps * (config.bm // 16 // wm) * config.ksteps * 32
         return max(config.stages * (x_tile + frags * 20), partial)
     return max(x_tile, partial)
+
+
+def _wgmma_smem_bytes(config: Config, boxes: int) -> int:
+    """The stages (x: one TMA box for 2:4, `boxes` gathered ones for V:N:M; A's values and
+    metadata) and the output staged for the epilogue a part at a time: 2:4's persistent CTAs keep
+    it apart (the producer fills the next tile's stages meanwhile), V:N:M's share the stages; plus
+    the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
+    stage = max(boxes, 1) * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
+    staged = min(8192 // config.bm, config.bn) * (config.bm + 4) * 4
+    pipe = config.stages * stage
+    return (pipe + staged if boxes == 0 else max(pipe, staged)) + 16 * config.stages + 1024
 
 
 def _vnm(fmt: str) -> tuple[int, int] | None:
@@ -152,8 +158,9 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
                 for group_m in groups:
                     cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m,
                                  cluster_m=cluster_m)
-                    boxes = wgmma_boxes(cfg, v) if v else 1
-                    if boxes and _smem_bytes(cfg, boxes) <= SMEM_LIMIT_HOPPER:
+                    if v and not wgmma_boxes(cfg, v):
+                        continue
+                    if _wgmma_smem_bytes(cfg, wgmma_boxes(cfg, v) if v else 0) <= SMEM_LIMIT_HOPPER:
                         out.append(cfg)
     return out
 
@@ -237,7 +244,7 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
     vnm = _vnm(problem.fmt)
-    boxes = wgmma_boxes(config, vnm[0]) if vnm else 1
+    boxes = wgmma_boxes(config, vnm[0]) if vnm else 0
     k_kept = problem.k if vnm is None else math.ceil(problem.k / vnm[1]) * 4
     stages_k = 2 * math.ceil(k_kept / (2 * WGMMA_BK))
     k_pad = stages_k * WGMMA_BK
@@ -263,7 +270,7 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
         + copy_bytes,
         steps_max=stages_k,
         steps_mean=float(stages_k),
-        smem_bytes=_smem_bytes(config, boxes),
+        smem_bytes=_wgmma_smem_bytes(config, boxes),
         num_warps=config.num_warps,
         num_stages=config.stages,
         regs_per_thread=168,
@@ -480,9 +487,16 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     # (a V:N:M weight's rows pad to V, which may pass them; a cluster's row blocks come whole)
     row_blocks = math.ceil(M / (config.bm * config.cluster_m)) * config.cluster_m
     p_bias, p_res, *rest = epilogue
-    grid = (row_blocks * math.ceil(N / config.bn), 1, 1)
+    tiles = row_blocks * math.ceil(N / config.bn)
+    # 2:4: persistent CTAs, as many clusters as the SMs hold (each loops over tiles); V:N:M: one a tile
+    grid = (tiles if vnm else min(tiles, _sm_count(x.device) // config.cluster_m * config.cluster_m), 1, 1)
     kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,
-           N, stages_k, row_blocks, config.group_m, *rest, shmem=_smem_bytes(config, max(boxes, 1)))
+           N, stages_k, row_blocks, config.group_m, *rest, shmem=_wgmma_smem_bytes(config, boxes))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tokens_major(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:

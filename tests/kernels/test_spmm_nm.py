@@ -114,7 +114,7 @@ def test_wgmma_space_is_hopper_only():
     hopper = Problem("linear", "2:4", 4096, 4096, 2048, "float16", problem(64, 64, 1).stats,
                      device="NVIDIA H100 80GB HBM3 sm_90")
     wg = [c for c in K.space(hopper) if c.variant == "wgmma"]
-    assert wg and all(K._smem_bytes(c) <= K.SMEM_LIMIT_HOPPER for c in wg)
+    assert wg and all(K._wgmma_smem_bytes(c, 0) <= K.SMEM_LIMIT_HOPPER for c in wg)
     mma = [c for c in K.space(hopper) if c.variant == "mma"]
     # at equal tiles the model's work for wgmma.sp is the smaller (its instruction is faster)
     assert min(K.features(hopper, c).mma_flops for c in wg) < min(K.features(hopper, c).mma_flops for c in mma)

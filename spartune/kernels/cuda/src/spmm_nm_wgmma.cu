@@ -52,9 +52,16 @@ constexpr int PIPE_BYTES = STAGES * (BOXES * B_STAGE + A_STAGE + E_STAGE);
 constexpr unsigned MN_SBO = 1024, MN_LBO = BK / 8 * 1024;
 constexpr bool MN_MAJOR = GATHER;  // the gathered boxes are tokens-contiguous (B transposed)
 constexpr int CHUNKS = BN / 8;              // 16-byte chunks of a gathered row of tokens
-constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output tile (no bank conflicts)
-constexpr int TILE_BYTES = BN * TILE_STRIDE * 4;
-constexpr int SMEM_BYTES = (PIPE_BYTES > TILE_BYTES ? PIPE_BYTES : TILE_BYTES) + 2 * STAGES * 8 + 1024;  // + alignment
+constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output (no bank conflicts)
+constexpr int EPI_TOKENS = 8192 / BM < BN ? 8192 / BM : BN;  // tokens of the output staged at once (~33 KB)
+constexpr int EPI_BYTES = EPI_TOKENS * TILE_STRIDE * 4;
+// 2:4 runs persistent CTAs (a loop over tiles; the producer fills the next tile's stages during
+// the epilogue, which then needs shared memory of its own); V:N:M one tile a CTA, its epilogue
+// in the stages
+constexpr bool PERSISTENT = GATHER == 0;
+constexpr int EPI_OFFSET = PERSISTENT ? PIPE_BYTES : 0;
+constexpr int SMEM_BYTES = (PERSISTENT ? PIPE_BYTES + EPI_BYTES : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES)) +
+                           2 * STAGES * 8 + 1024;  // + barriers, alignment
 static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
@@ -132,12 +139,15 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m)
   // (in units of clusters: a cluster's CTAs take adjacent row blocks of the same tokens; the
   // host pads the row blocks to a multiple of CLUSTER_M)
+  // A CTA (a cluster) takes units cid, cid + clusters, ... (persistent: as many CTAs as fit).
   const int rank = CLUSTER_M > 1 ? (int)spartune::cluster_rank() : 0;
-  const int cid = blockIdx.x / CLUSTER_M, row_groups = row_blocks / CLUSTER_M;
-  const int tiles_n = (N + BN - 1) / BN, per_group = group_m * tiles_n;
-  const int first_m = cid / per_group * group_m, in_group = cid % per_group;
-  const int group_size = min(row_groups - first_m, group_m);
-  const int mb = (first_m + in_group % group_size) * CLUSTER_M + rank, n0 = in_group / group_size * BN;
+  const int cid = blockIdx.x / CLUSTER_M, clusters = gridDim.x / CLUSTER_M, row_groups = row_blocks / CLUSTER_M;
+  const int tiles_n = (N + BN - 1) / BN, per_group = group_m * tiles_n, units = row_groups * tiles_n;
+  auto tile_of = [&](int u, int& mb, int& n0) {
+    const int first_m = u / per_group * group_m, in_group = u % per_group;
+    const int group_size = min(row_groups - first_m, group_m);
+    mb = (first_m + in_group % group_size) * CLUSTER_M + rank, n0 = in_group / group_size * BN;
+  };
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + each producer thread's cp.async
@@ -162,6 +172,9 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     constexpr int RW = ROWS * RPW, HELD = (RW * BOXES + 31) / 32;
     const int p = threadIdx.x;
     const int lane = p % 32, warp = p / 32, chunk = p % CHUNKS, sub = lane / CHUNKS;
+    for (int u = cid, it = 0; u < units; u += clusters, it += k_stages) {
+    int mb, n0;
+    tile_of(u, mb, n0);
     const char* base = reinterpret_cast<const char*>(xt + min(n0 + chunk * 8, n_alloc - 8));
     const unsigned dst0 = chunk / 8 * MN_LBO, swz = chunk % 8;
     const int* held_cols[HELD];
@@ -177,14 +190,14 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
     const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
     for (int ks = 0; ks < k_stages; ++ks) {
-      const int s = ks % STAGES;
+      const int s = (it + ks) % STAGES;
       unsigned held[HELD];
 #pragma unroll
       for (int h = 0; h < HELD; ++h) {
         held[h] = next[h] >= 0 ? (unsigned)next[h] * (unsigned)ldx * 2u : ~0u;  // loaded during the previous stage
         if (held_cols[h] && ks + 1 < k_stages) next[h] = __ldg(held_cols[h] + (ks + 1) * BK);  // under the wait
       }
-      spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
+      spartune::mbar_wait(&empty[s], (((it + ks) / STAGES) & 1) ^ 1);
       if (p == 0) {
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
         spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
@@ -197,15 +210,18 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         gather_stage<true, BOXES, ROWS, RPW, RW, ROWS_STEP>(b_tiles + s * BOXES * B_STAGE + dst0, base, held, warp, sub, swz);
       spartune::cp_async_mbar_arrive(&full[s]);
     }
+    }
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copies in flight past the thread's exit
 #else
     spartune::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
+    for (int u = cid, it = 0; threadIdx.x == 0 && u < units; u += clusters, it += k_stages) {
+      int mb, n0;
+      tile_of(u, mb, n0);
       const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
       const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
       for (int ks = 0; ks < k_stages; ++ks) {
-        const int s = ks % STAGES;
-        spartune::mbar_wait(&empty[s], ((ks / STAGES) & 1) ^ 1);
+        const int s = (it + ks) % STAGES;
+        spartune::mbar_wait(&empty[s], (((it + ks) / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
         if constexpr (CLUSTER_M > 1)  // this CTA's share of the box, into every CTA of the cluster
           spartune::tma_load_2d_multicast(b_tiles + s * B_STAGE + rank * BOX_N * BK * 2, &x_map, ks * BK,
@@ -228,17 +244,38 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
 
   float acc[WM][ACC];  // no zeroing: the first wgmma overwrites (scale-d 0); an ordinary write
                       // would stall the wgmma pipeline (ptxas C7515)
+  const int g = lane >> 2, t = lane & 3;
+  float* staged = reinterpret_cast<float*>(smem + EPI_OFFSET);
+  const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+  const bool packed_out = som == 1 && out_code != 2 && son % 8 == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
+  const bool plain = packed_out && act == 0 && residual == nullptr;  // the common case, kept cheap
 
-  // Stage ks's metadata goes into register set ks % 2, so that its wgmmas are issued while stage
-  // ks - 1's still run (a register operand must stay untouched until its wgmma completes): wait<1>
-  // then retires stage ks - 1. The host pads K to an even number of stages.
+  // it: stages consumed before this tile (the ring of stages runs on across tiles)
+  for (int u = cid, it = 0; u < units; u += clusters, it += k_stages) {
+  int mb, n0;
+  tile_of(u, mb, n0);
+  // Stage kp's metadata goes into register set kp % 2, so that its wgmmas are issued while stage
+  // kp - 1's still run (a register operand must stay untouched until its wgmma completes): wait<1>
+  // then retires stage kp - 1, which each warp then frees (in every CTA of the cluster). The host
+  // pads K to an even number of stages.
   unsigned e[2][WM][KS];
+  auto free_stage = [&](int kp) {
+    __syncwarp();
+    if (lane == 0) {
+      if constexpr (CLUSTER_M > 1) {
+#pragma unroll
+        for (int r = 0; r < CLUSTER_M; ++r) spartune::mbar_arrive_cluster(&empty[(it + kp) % STAGES], r);
+      } else {
+        spartune::mbar_arrive(&empty[(it + kp) % STAGES]);
+      }
+    }
+  };
 #pragma unroll 1
   for (int ks = 0; ks < k_stages; ks += 2) {
 #pragma unroll
     for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
-      const int kp = ks + p, s = kp % STAGES;
-      spartune::mbar_wait(&full[s], (kp / STAGES) & 1);
+      const int kp = ks + p, s = (it + kp) % STAGES;
+      spartune::mbar_wait(&full[s], ((it + kp) / STAGES) & 1);
       if (GATHER) spartune::fence_proxy_async();  // the gathered x was written by cp.async
 #pragma unroll
       for (int i = 0; i < WM; ++i)
@@ -268,52 +305,39 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         for (int i = 0; i < WM; ++i)
 #pragma unroll
           for (int kk = 0; kk < KS; ++kk) asm volatile("" ::"r"(e[1 - p][i][kk]));
-        __syncwarp();
-        if (lane == 0) {
-          if constexpr (CLUSTER_M > 1) {
-#pragma unroll
-            for (int r = 0; r < CLUSTER_M; ++r) spartune::mbar_arrive_cluster(&empty[(kp - 1) % STAGES], r);
-          } else {
-            spartune::mbar_arrive(&empty[(kp - 1) % STAGES]);
-          }
-        }
+        free_stage(kp - 1);
       }
     }
   }
   spartune::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
-  // no CTA leaves while a peer may still arrive on its barriers; every copy into this CTA's
-  // stages has landed (its consumers waited for each), so the epilogue may reuse them
-  if constexpr (CLUSTER_M > 1) spartune::cluster_sync();
+  free_stage(k_stages - 1);  // (the producer may fill it with the next tile's first stages now)
 
-  // epilogue: the accumulators go through shared memory (the stages are free once both
-  // consumers are past the last one), so that the stores run along m, coalesced, and the
-  // epilogue's code is one rolled loop. Thread (warp, g, t) holds, per m64 sub-tile and 8-token
-  // slice j, rows g and g + 8 of its warp's 16 at tokens 2t and 2t + 1.
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  float* tile = reinterpret_cast<float*>(smem);
-  const int g = lane >> 2, t = lane & 3;
+  // epilogue: the accumulators go through shared memory EPI_TOKENS tokens at a time, so that the
+  // stores run along m, coalesced, and the epilogue's code is a rolled loop. Thread (warp, g, t)
+  // holds, per m64 sub-tile and 8-token slice j, rows g and g + 8 of its warp's 16 at tokens 2t
+  // and 2t + 1.
 #pragma unroll
-  for (int i = 0; i < WM; ++i)
+  for (int part = 0; part < BN / EPI_TOKENS; ++part) {
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous chunk's stores are done
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int i = 0; i < WM; ++i)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int m = c * (BM / 2) + i * 64 + warp * 16 + g + 8 * (r >> 1), n = 8 * j + 2 * t + (r & 1);
-        tile[n * TILE_STRIDE + m] = acc[i][4 * j + r];
-      }
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
-  const bool packed_out = som == 1 && out_code != 2 && son % 8 == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
-  const bool plain = packed_out && act == 0 && residual == nullptr;  // the common case, kept cheap
+      for (int jj = 0; jj < EPI_TOKENS / 8; ++jj)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int m = c * (BM / 2) + i * 64 + warp * 16 + g + 8 * (r >> 1), n = 8 * jj + 2 * t + (r & 1);
+          staged[n * TILE_STRIDE + m] = acc[i][4 * (part * EPI_TOKENS / 8 + jj) + r];
+        }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #pragma unroll 1
-  for (int idx = threadIdx.x - 128; idx < BM * BN / 8; idx += 256) {  // 8 rows of one token each
-    const int n = idx / (BM / 8), m = idx % (BM / 8) * 8;
+  for (int idx = threadIdx.x - 128; idx < BM * EPI_TOKENS / 8; idx += 256) {  // 8 rows of one token each
+    const int nq = idx / (BM / 8), m = idx % (BM / 8) * 8, n = part * EPI_TOKENS + nq;
     const int row = mb * BM + m;
     if (row >= M || n0 + n >= N) continue;
-    const float4 lo = *reinterpret_cast<const float4*>(tile + n * TILE_STRIDE + m);
-    const float4 hi = *reinterpret_cast<const float4*>(tile + n * TILE_STRIDE + m + 4);
+    const float4 lo = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m);
+    const float4 hi = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m + 4);
     const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     if (plain && row + 8 <= M) {  // scale and bias only: unrolled, no local arrays, one 16-byte store
       unsigned packed[4];
@@ -348,4 +372,8 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         if (row + q < M) epi.store(row + q, n0 + n, v[q], epi.bias_of(row + q));
     }
   }
+  }  // part
+  }  // unit
+  // no CTA leaves while a peer may still arrive on its barriers or copy into its stages
+  if constexpr (CLUSTER_M > 1) spartune::cluster_sync();
 }
