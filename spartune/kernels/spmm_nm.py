@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cuda
+from ._common import arrival_counters, scratch
 from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
@@ -488,10 +489,19 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     row_blocks = math.ceil(M / (config.bm * config.cluster_m)) * config.cluster_m
     p_bias, p_res, *rest = epilogue
     tiles = row_blocks * math.ceil(N / config.bn)
-    # 2:4: persistent CTAs, as many clusters as the SMs hold (each loops over tiles); V:N:M: one a tile
-    grid = (tiles if vnm else min(tiles, _sm_count(x.device) // config.cluster_m * config.cluster_m), 1, 1)
-    kernel(grid, (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,
-           N, stages_k, row_blocks, config.group_m, *rest, shmem=_wgmma_smem_bytes(config, boxes))
+    ws = counters = NULL
+    if vnm:  # one CTA a tile
+        grid = tiles
+    else:  # persistent CTAs, a cluster per SM pair (or SM): whole tiles, then the last round's in halves of K
+        grid = _sm_count(x.device) // config.cluster_m * config.cluster_m
+        if tiles % grid:  # a split tail's halves keep their partial sums in ws (the kernel decides)
+            ws = scratch(_WORKSPACE, x.device, torch.float32, grid * config.bm * config.bn)
+            counters = arrival_counters(x.device, grid)
+    kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias,
+           p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest, shmem=_wgmma_smem_bytes(config, boxes))
+
+
+_WORKSPACE: dict = {}  # (device, dtype) -> the split tail's partial sums
 
 
 @functools.lru_cache(maxsize=None)

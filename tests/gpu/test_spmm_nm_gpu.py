@@ -162,8 +162,9 @@ def test_wgmma_every_config(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_wgmma_clusters_every_config(dtype):
     """Pairs of CTAs multicasting x: an odd number of row blocks (11 of 128, 6 of 256), so the
-    last pair's second CTA computes padding rows and still loads its share of every x box."""
-    M, Kd, N = 1300, 328, 300
+    last pair's second CTA computes padding rows and still loads its share of every x box; fewer
+    tiles than half the clusters, so every tile is split in two halves of K (the fix-up)."""
+    M, Kd, N = 1300, 4096, 300
     w = random_2to4(M, Kd, dtype, 12)
     A = st.NM.from_dense(w, 2, 4)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
@@ -174,6 +175,24 @@ def test_wgmma_clusters_every_config(dtype):
         out = run(A, x, cfg)
         assert not out.isnan().any(), cfg
         assert rel(out, expect) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_whole_tiles_then_a_split_tail(dtype):
+    """More tiles than SMs, a partial last round that fills at most half the clusters (160 tiles
+    of 128 x 256 on 132 SMs, 80 pairs on 66): whole tiles, then the last round's in halves of K,
+    twice (the fix-up's counters are left at zero for the next call, and the sums are the same)."""
+    M, Kd, N = 4096, 4096, 1152
+    w = random_2to4(M, Kd, dtype, 13)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    configs = configs_of(A, N, "wgmma")
+    for cfg in {configs[0], configs[-1], next(c for c in configs if c.cluster_m == 2 and c.bn == 256)}:
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+        assert torch.equal(run(A, x, cfg), out), cfg
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

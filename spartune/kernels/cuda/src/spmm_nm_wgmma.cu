@@ -125,7 +125,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
                   const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
                   void* __restrict__ out,
                   const void* __restrict__ bias, const void* __restrict__ residual, int M, int N, int k_stages,
-                  int row_blocks, int group_m, int son, int som, int srn, int srm, int out_code, int bias_code,
+                  int row_blocks, int group_m, float* __restrict__ ws, int* __restrict__ counters, int son, int som, int srn, int srm, int out_code, int bias_code,
                   int res_code, int act, float scale) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
@@ -147,6 +147,25 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     const int first_m = u / per_group * group_m, in_group = u % per_group;
     const int group_size = min(row_groups - first_m, group_m);
     mb = (first_m + in_group % group_size) * CLUSTER_M + rank, n0 = in_group / group_size * BN;
+  };
+  // Work of a cluster: `whole` units in rounds, then the last, partial round of `tail` units.
+  // Where those fill half the clusters or fewer, each is split in two halves of K (even, so that
+  // the metadata's register sets alternate as in a whole unit) for clusters 2t and 2t + 1, which
+  // add their partial sums through ws. Segment q: unit u's stages k0 .. k1. (V:N:M launches one
+  // CTA a tile: no tail.)
+  const int whole = units / clusters, tail = units - whole * clusters;
+  const bool split = tail && 2 * tail <= clusters && k_stages >= 8;
+  const int half = 2 * ((k_stages + 3) / 4);
+  auto segment = [&](int q, int& u, int& k0, int& k1) -> bool {
+    k0 = 0, k1 = k_stages;
+    if (q < whole || (q == whole && !split)) {
+      u = cid + q * clusters;
+      return u < units;
+    }
+    if (q > whole || cid >= 2 * tail) return false;
+    u = units - tail + cid / 2;
+    (cid % 2 ? k0 : k1) = half;
+    return true;
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -214,14 +233,15 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copies in flight past the thread's exit
 #else
     spartune::setmaxnreg_dec<40>();
-    for (int u = cid, it = 0; threadIdx.x == 0 && u < units; u += clusters, it += k_stages) {
+    int u, k0, k1;
+    for (int q = 0, it = 0; threadIdx.x == 0 && segment(q, u, k0, k1); ++q) {
       int mb, n0;
       tile_of(u, mb, n0);
       const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
       const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
-      for (int ks = 0; ks < k_stages; ++ks) {
-        const int s = (it + ks) % STAGES;
-        spartune::mbar_wait(&empty[s], (((it + ks) / STAGES) & 1) ^ 1);
+      for (int ks = k0; ks < k1; ++ks, ++it) {
+        const int s = it % STAGES;
+        spartune::mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
         if constexpr (CLUSTER_M > 1)  // this CTA's share of the box, into every CTA of the cluster
           spartune::tma_load_2d_multicast(b_tiles + s * B_STAGE + rank * BOX_N * BK * 2, &x_map, ks * BK,
@@ -239,7 +259,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
 
   // (a CTA's pool: what the producers give back is what the consumers may take; taking more deadlocks)
   spartune::setmaxnreg_inc<GATHER ? 224 : 232>();
-  const int c = threadIdx.x / 128 - 1;  // consumer: rows c * BM / 2 ...
+  const int ct = threadIdx.x - 128, c = ct / 128;  // consumer thread ct; consumer c: rows c * BM / 2 ...
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
   float acc[WM][ACC];  // no zeroing: the first wgmma overwrites (scale-d 0); an ordinary write
@@ -250,10 +270,13 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   const bool packed_out = som == 1 && out_code != 2 && son % 8 == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
   const bool plain = packed_out && act == 0 && residual == nullptr;  // the common case, kept cheap
 
-  // it: stages consumed before this tile (the ring of stages runs on across tiles)
-  for (int u = cid, it = 0; u < units; u += clusters, it += k_stages) {
+  // it: stages consumed before this segment (the ring of stages runs on across tiles)
+  __shared__ int last_part;
+  int u, k0, k1;
+  for (int q = 0, it = 0; segment(q, u, k0, k1); ++q, it += k1 - k0) {
   int mb, n0;
   tile_of(u, mb, n0);
+  const int base = it - k0;  // stage kp of this segment is the ring's stage base + kp
   // Stage kp's metadata goes into register set kp % 2, so that its wgmmas are issued while stage
   // kp - 1's still run (a register operand must stay untouched until its wgmma completes): wait<1>
   // then retires stage kp - 1, which each warp then frees (in every CTA of the cluster). The host
@@ -264,18 +287,18 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     if (lane == 0) {
       if constexpr (CLUSTER_M > 1) {
 #pragma unroll
-        for (int r = 0; r < CLUSTER_M; ++r) spartune::mbar_arrive_cluster(&empty[(it + kp) % STAGES], r);
+        for (int r = 0; r < CLUSTER_M; ++r) spartune::mbar_arrive_cluster(&empty[(base + kp) % STAGES], r);
       } else {
-        spartune::mbar_arrive(&empty[(it + kp) % STAGES]);
+        spartune::mbar_arrive(&empty[(base + kp) % STAGES]);
       }
     }
   };
 #pragma unroll 1
-  for (int ks = 0; ks < k_stages; ks += 2) {
+  for (int ks = k0; ks < k1; ks += 2) {
 #pragma unroll
     for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
-      const int kp = ks + p, s = (it + kp) % STAGES;
-      spartune::mbar_wait(&full[s], ((it + kp) / STAGES) & 1);
+      const int kp = ks + p, s = (base + kp) % STAGES;
+      spartune::mbar_wait(&full[s], ((base + kp) / STAGES) & 1);
       if (GATHER) spartune::fence_proxy_async();  // the gathered x was written by cp.async
 #pragma unroll
       for (int i = 0; i < WM; ++i)
@@ -297,10 +320,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
 #pragma unroll
         for (int i = 0; i < WM; ++i)  // the stage's A: blocks (K step, m64 block), this one's
           wgmma_sp(acc[i], spartune::desc_k_major_plain(a_stage + (kk * (BM / 64) + c * WM + i) * A_BLOCK, A_LBO, A_SBO),
-                   b_desc + (kk * K_STEP >> 4), e[p][i][kk], kp > 0 || kk > 0);
+                   b_desc + (kk * K_STEP >> 4), e[p][i][kk], kp > k0 || kk > 0);
       spartune::wgmma_commit();
       spartune::wgmma_wait<1>();  // stage kp - 1 (in set 1 - p) is done
-      if (kp > 0) {
+      if (kp > k0) {
 #pragma unroll
         for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -312,7 +335,38 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   spartune::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
-  free_stage(k_stages - 1);  // (the producer may fill it with the next tile's first stages now)
+  free_stage(k1 - 1);  // (the producer may fill it with the next tile's first stages now)
+
+  if (!GATHER && split && q == whole) {  // half of a tail unit: the second to finish adds both
+    // ws: each cluster's partial sums (per CTA), each thread's accumulators float4 by float4 at a
+    // stride of the 256 consumer threads (coalesced)
+    auto slot = [&](int cl) {
+      return reinterpret_cast<float4*>(ws) + (size_t)(cl * CLUSTER_M + rank) * (WM * ACC / 4) * 256 + ct;
+    };
+    const int t = cid / 2;
+    float4* mine = slot(cid);
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+      for (int v = 0; v < ACC / 4; ++v)
+        mine[(i * ACC / 4 + v) * 256] = make_float4(acc[i][4 * v], acc[i][4 * v + 1], acc[i][4 * v + 2], acc[i][4 * v + 3]);
+    __threadfence();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if (ct == 0) last_part = atomicAdd(counters + t * CLUSTER_M + rank, 1) == 1;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if (!last_part) continue;
+    __threadfence();
+    const float4* lo = slot(2 * t);  // the first half's sums, then the second's: the same every run
+    const float4* hi = slot(2 * t + 1);
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+      for (int v = 0; v < ACC / 4; ++v) {
+        const float4 a = __ldcg(lo + (i * ACC / 4 + v) * 256), b = __ldcg(hi + (i * ACC / 4 + v) * 256);
+        acc[i][4 * v] = a.x + b.x, acc[i][4 * v + 1] = a.y + b.y, acc[i][4 * v + 2] = a.z + b.z, acc[i][4 * v + 3] = a.w + b.w;
+      }
+    if (ct == 0) counters[t * CLUSTER_M + rank] = 0;  // for the next launch
+  }
 
   // epilogue: the accumulators go through shared memory EPI_TOKENS tokens at a time, so that the
   // stores run along m, coalesced, and the epilogue's code is a rolled loop. Thread (warp, g, t)
@@ -332,7 +386,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         }
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #pragma unroll 1
-  for (int idx = threadIdx.x - 128; idx < BM * EPI_TOKENS / 8; idx += 256) {  // 8 rows of one token each
+  for (int idx = ct; idx < BM * EPI_TOKENS / 8; idx += 256) {  // 8 rows of one token each
     const int nq = idx / (BM / 8), m = idx % (BM / 8) * 8, n = part * EPI_TOKENS + nq;
     const int row = mb * BM + m;
     if (row >= M || n0 + n >= N) continue;
