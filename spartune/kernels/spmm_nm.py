@@ -95,7 +95,7 @@ def _wgmma_smem_bytes(config: Config, boxes: int) -> int:
     it apart (the producer fills the next tile's stages meanwhile), V:N:M's share the stages; plus
     the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
     stage = max(boxes, 1) * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
-    staged = min(8192 // config.bm, config.bn) * (config.bm + 4) * 4
+    staged = min(4096 // config.bm, config.bn) * (config.bm + 4) * 4
     pipe = config.stages * stage
     return (pipe + staged if boxes == 0 else max(pipe, staged)) + 16 * config.stages + 1024
 
