@@ -91,12 +91,13 @@ def _smem_bytes(config: Config, boxes: int = 1) -> int:
 
 def _wgmma_smem_bytes(config: Config, boxes: int) -> int:
     """The stages (x: one TMA box for 2:4, `boxes` gathered ones for V:N:M; A's values and
-    metadata), the output staged for the epilogue a part at a time (apart from the stages: the
-    persistent CTAs' producer fills the next tile's meanwhile), the barriers and 1 KB of alignment
-    (as spmm_nm_wgmma.cu)."""
+    metadata) and the output staged for the epilogue a part at a time: 2:4's persistent CTAs keep
+    it apart (the producer fills the next tile's stages meanwhile), V:N:M's share the stages; plus
+    the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
     stage = max(boxes, 1) * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
     staged = min(4096 // config.bm, config.bn) * (config.bm + 4) * 4
-    return config.stages * stage + staged + 16 * config.stages + 1024
+    pipe = config.stages * stage
+    return (pipe + staged if boxes == 0 else max(pipe, staged)) + 16 * config.stages + 1024
 
 
 def _vnm(fmt: str) -> tuple[int, int] | None:
@@ -153,7 +154,7 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
             continue
         # 2:4 on 4+ row blocks: pairs of CTAs multicasting x (group_m then counts pairs)
         clusters = ((1, (4, 8, 16, 32)),) if v or problem.m < 4 * bm else ((1, (4, 8, 16, 32)), (2, (4, 8, 16)))
-        for stages in (2, 3, 4, 5) if v else (4, 5):  # (two boxes of x: 2 stages fit at BN = 256)
+        for stages in (3, 4, 5) if v else (4, 5):  # (two boxes of x: 3 stages fit at BN = 256)
             for cluster_m, groups in clusters:
                 for group_m in groups:
                     cfg = Config(bm, bn, WGMMA_THREADS // 32, variant="wgmma", stages=stages, group_m=group_m,
@@ -489,13 +490,13 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     p_bias, p_res, *rest = epilogue
     tiles = row_blocks * math.ceil(N / config.bn)
     ws = counters = NULL
-    # persistent CTAs, a cluster per SM (pair): whole tiles, then (2:4) the last round's in halves
-    # of K, so 2:4 keeps them all even with fewer tiles than SMs (halves where tiles <= SMs / 2)
-    grid = _sm_count(x.device) // config.cluster_m * config.cluster_m
-    grid = min(grid, tiles) if vnm else grid
-    if not vnm and tiles % grid:  # a split tail's halves keep their partial sums in ws (the kernel decides)
-        ws = scratch(_WORKSPACE, x.device, torch.float32, grid * config.bm * config.bn)
-        counters = arrival_counters(x.device, grid)
+    if vnm:  # one CTA a tile
+        grid = tiles
+    else:  # persistent CTAs, a cluster per SM pair (or SM): whole tiles, then the last round's in halves of K
+        grid = _sm_count(x.device) // config.cluster_m * config.cluster_m
+        if tiles % grid:  # a split tail's halves keep their partial sums in ws (the kernel decides)
+            ws = scratch(_WORKSPACE, x.device, torch.float32, grid * config.bm * config.bn)
+            counters = arrival_counters(x.device, grid)
     kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias,
            p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest, shmem=_wgmma_smem_bytes(config, boxes))
 

@@ -55,9 +55,13 @@ constexpr int CHUNKS = BN / 8;              // 16-byte chunks of a gathered row 
 constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output (no bank conflicts)
 constexpr int EPI_TOKENS = 4096 / BM < BN ? 4096 / BM : BN;  // tokens of the output staged at once (~17 KB)
 constexpr int EPI_BYTES = EPI_TOKENS * TILE_STRIDE * 4;
-// Persistent CTAs (a loop over tiles; the producer fills the next tile's stages during the
-// epilogue, which therefore stages the output in shared memory of its own)
-constexpr int SMEM_BYTES = PIPE_BYTES + EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
+// 2:4 runs persistent CTAs (a loop over tiles; the producer fills the next tile's stages during
+// the epilogue, which then needs shared memory of its own); V:N:M one tile a CTA, its epilogue
+// in the stages
+constexpr bool PERSISTENT = GATHER == 0;
+constexpr int EPI_OFFSET = PERSISTENT ? PIPE_BYTES : 0;
+constexpr int SMEM_BYTES = (PERSISTENT ? PIPE_BYTES + EPI_BYTES : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES)) +
+                           2 * STAGES * 8 + 1024;  // + barriers, alignment
 static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
@@ -147,10 +151,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   // Work of a cluster: `whole` units in rounds, then the last, partial round of `tail` units.
   // Where those fill half the clusters or fewer, each is split in two halves of K (even, so that
   // the metadata's register sets alternate as in a whole unit) for clusters 2t and 2t + 1, which
-  // add their partial sums through ws. Segment q: unit u's stages k0 .. k1. (V:N:M's tail runs
-  // whole: its producer gathers whole tiles.)
+  // add their partial sums through ws. Segment q: unit u's stages k0 .. k1. (V:N:M launches one
+  // CTA a tile: no tail.)
   const int whole = units / clusters, tail = units - whole * clusters;
-  const bool split = !GATHER && tail && 2 * tail <= clusters && k_stages >= 8;
+  const bool split = tail && 2 * tail <= clusters && k_stages >= 8;
   const int half = 2 * ((k_stages + 3) / 4);
   auto segment = [&](int q, int& u, int& k0, int& k1) -> bool {
     k0 = 0, k1 = k_stages;
@@ -261,7 +265,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   float acc[WM][ACC];  // no zeroing: the first wgmma overwrites (scale-d 0); an ordinary write
                       // would stall the wgmma pipeline (ptxas C7515)
   const int g = lane >> 2, t = lane & 3;
-  float* staged = reinterpret_cast<float*>(smem + PIPE_BYTES);
+  float* staged = reinterpret_cast<float*>(smem + EPI_OFFSET);
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const bool packed_out = som == 1 && out_code != 2 && son % 8 == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
   const bool plain = packed_out && act == 0 && residual == nullptr;  // the common case, kept cheap
