@@ -10,7 +10,9 @@
 //   (mma.sp m16n8k32's layout, which wgmma.sp keeps per warp), issues the stage's wgmma.sp with A
 //   and B (x) from shared memory, waits, and frees the stage (one arrival per warp).
 // The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
-// accumulators. With CLUSTER_M > 1 the CTAs of a cluster own adjacent row blocks of the same
+// accumulators. 2:4 runs persistent CTAs, one per SM, each looping over tiles: the ring of stages
+// runs on across tiles (the producer fills the next tile's first stages during the epilogue), and
+// a last, partial round of tiles is split in halves of K (see `segment`). With CLUSTER_M > 1 the CTAs of a cluster own adjacent row blocks of the same
 // tokens: each loads 1/CLUSTER_M of the x box and multicasts it to all (x is most of what the
 // CTAs read through L2), and each consumer warp frees a stage in every CTA of the cluster.
 // V:N:M (GATHER > 0): A is the 2:4 matrix over each V-row block's kept columns, and x comes as
@@ -110,10 +112,12 @@ __device__ __forceinline__ void gather_stage(unsigned char* dst, const char* bas
     }
 }
 
-// a_values: (M / BM, k_stages, KS, T, 32 lanes) uint4; a_meta: (M / BM, k_stages, KS, T, 16) words
-// (kernels/spmm_nm.py packs them); x_map: x (N, K) in boxes of BK x BN (2:4). V:N:M: xt (K, ldx)
-// with n_alloc readable tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32 with
-// no -1 before stage full_stages. bias (M,) / residual (N, M) may be null.
+// a_values: per (row block, stage) A_STAGE bytes of kept values, (K step, m64 block) blocks of 8 x 8
+// core matrices; a_meta: (row blocks, k_stages, KS, T, 16) words (kernels/spmm_nm.py packs both);
+// x_map: x (N, K) in boxes of BK x BN / CLUSTER_M (2:4). V:N:M: xt (K, ldx) with n_alloc readable
+// tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32 with no -1 before stage
+// full_stages. bias (M,) / residual (N, M) may be null. ws, counters (2:4, a split tail): each
+// CTA's partial sums (BM x BN floats), and per tail tile and cluster rank a counter left at zero.
 #if CLUSTER_M > 1
 #define SPARTUNE_CLUSTER __cluster_dims__(CLUSTER_M, 1, 1)
 #else
@@ -125,8 +129,8 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
                   const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
                   void* __restrict__ out,
                   const void* __restrict__ bias, const void* __restrict__ residual, int M, int N, int k_stages,
-                  int row_blocks, int group_m, float* __restrict__ ws, int* __restrict__ counters, int son, int som, int srn, int srm, int out_code, int bias_code,
-                  int res_code, int act, float scale) {
+                  int row_blocks, int group_m, float* __restrict__ ws, int* __restrict__ counters, int son,
+                  int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
   unsigned char* b_tiles = smem;                                            // swizzled x boxes, 1024-aligned
@@ -135,11 +139,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
   unsigned long long* empty = full + STAGES;
 
-  // tile order: groups of group_m row blocks, each group's tiles row block fastest, so that the
-  // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m)
-  // (in units of clusters: a cluster's CTAs take adjacent row blocks of the same tokens; the
-  // host pads the row blocks to a multiple of CLUSTER_M)
-  // A CTA (a cluster) takes units cid, cid + clusters, ... (persistent: as many CTAs as fit).
+  // Tile order: groups of group_m row blocks, each group's tiles row block fastest, so that the
+  // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m). In units
+  // of clusters: a cluster's CTAs take adjacent row blocks of the same tokens (the host pads the
+  // row blocks to a multiple of CLUSTER_M); cluster cid takes units cid, cid + clusters, ...
   const int rank = CLUSTER_M > 1 ? (int)spartune::cluster_rank() : 0;
   const int cid = blockIdx.x / CLUSTER_M, clusters = gridDim.x / CLUSTER_M, row_groups = row_blocks / CLUSTER_M;
   const int tiles_n = (N + BN - 1) / BN, per_group = group_m * tiles_n, units = row_groups * tiles_n;
