@@ -497,8 +497,14 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
         if tiles % grid:  # a split tail's halves keep their partial sums in ws (the kernel decides)
             ws = scratch(_WORKSPACE, x.device, torch.float32, grid * config.bm * config.bn)
             counters = arrival_counters(x.device, grid)
-    kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias,
-           p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest, shmem=_wgmma_smem_bytes(config, boxes))
+    # a 16-bit out, contiguous along M, scale and bias only: its tiles stored by the tensor copy engine
+    son, som, _, _, out_code, _, _, act, _ = rest
+    tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and act == 0
+                  and p_res is NULL)
+    out_map = cuda.tensor_map_2d(out, 64, min(4096 // config.bm, config.bn)) if tma_out else _NO_TENSOR_MAP
+    kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows,
+           full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest,
+           shmem=_wgmma_smem_bytes(config, boxes))
 
 
 _WORKSPACE: dict = {}  # (device, dtype) -> the split tail's partial sums

@@ -124,7 +124,8 @@ __device__ __forceinline__ void gather_stage(unsigned char* dst, const char* bas
 #define SPARTUNE_CLUSTER
 #endif
 extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
-    spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const uint4* __restrict__ a_values,
+    spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap out_map, int tma_out,
+                  const uint4* __restrict__ a_values,
                   const unsigned* __restrict__ a_meta, const unsigned short* __restrict__ xt,
                   const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
                   void* __restrict__ out,
@@ -372,12 +373,63 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   }
 
   // epilogue: the accumulators go through shared memory EPI_TOKENS tokens at a time, so that the
-  // stores run along m, coalesced, and the epilogue's code is a rolled loop. Thread (warp, g, t)
-  // holds, per m64 sub-tile and 8-token slice j, rows g and g + 8 of its warp's 16 at tokens 2t
-  // and 2t + 1.
+  // stores run along m, coalesced. Thread (warp, g, t) holds, per m64 sub-tile and 8-token slice j,
+  // rows g and g + 8 of its warp's 16 at tokens 2t and 2t + 1. tma_out (a 16-bit out, contiguous
+  // along m, scale and bias only: the host checks): the finished values go 16-bit into boxes of
+  // 64 rows x EPI_TOKENS tokens (128-byte swizzle) that the tensor copy engine stores while the
+  // consumers go on to the next tile; else fp32 into rows of tokens, stored by the threads
+  // through the generic epilogue.
+  float bias_r[WM][2];
+  if (tma_out) {
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mb * BM + c * (BM / 2) + i * 64 + warp * 16 + g + 8 * h;
+        bias_r[i][h] = row < M ? epi.bias_of(row) : 0.f;
+      }
+  }
 #pragma unroll
   for (int part = 0; part < BN / EPI_TOKENS; ++part) {
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous chunk's stores are done
+    if (tma_out && ct == 0) spartune::bulk_wait<0, true>();  // the previous part's boxes are read
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous part's stores are done
+    if (tma_out) {
+      unsigned char* boxes = reinterpret_cast<unsigned char*>(staged);  // BM / 64 boxes of EPI_TOKENS x 128 B
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int jj = 0; jj < EPI_TOKENS / 8; ++jj) {
+          const int j = part * EPI_TOKENS / 8 + jj;
+          unsigned packed[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float y0 = acc[i][4 * j + 2 * h] * scale + bias_r[i][h];
+            const float y1 = acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h];
+            if (out_code == 0) {
+              const __half2 v = __floats2half2_rn(y0, y1);
+              packed[h] = *reinterpret_cast<const unsigned*>(&v);
+            } else {
+              const __nv_bfloat162 v = __floats2bfloat162_rn(y0, y1);
+              packed[h] = *reinterpret_cast<const unsigned*>(&v);
+            }
+          }
+          // lane l < 16 gives the address of stored row (token) 8 jj + l % 8, rows m .. m + 7 of
+          // matrix l / 8 (m = this warp's 16 rows, then 8 on)
+          const int n = 8 * jj + (lane & 7), m = c * (BM / 2) + i * 64 + warp * 16 + 8 * ((lane >> 3) & 1);
+          const int chunk = (m % 64) / 8;
+          spartune::stmatrix_x2_trans(boxes + (m / 64) * (EPI_TOKENS * 128) + n * 128 + ((chunk ^ (n % 8)) << 4),
+                                      packed[0], packed[1]);
+        }
+      spartune::fence_proxy_async();  // the tensor copy engine reads what the threads wrote
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (ct == 0) {
+#pragma unroll
+        for (int b = 0; b < BM / 64; ++b)
+          spartune::tma_store_2d(&out_map, boxes + b * (EPI_TOKENS * 128), mb * BM + b * 64, n0 + part * EPI_TOKENS);
+        spartune::bulk_commit();
+      }
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -431,6 +483,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   }
   }  // part
   }  // unit
+  if (tma_out && ct == 0) spartune::bulk_wait<0, false>();  // the last boxes are stored
   // no CTA leaves while a peer may still arrive on its barriers or copy into its stages
   if constexpr (CLUSTER_M > 1) spartune::cluster_sync();
 }

@@ -70,6 +70,28 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* ten
       : "memory");
 }
 
+// A 2-D box from shared memory to the tensor at element coordinates (c0 innermost, c1), by the
+// tensor copy engine, asynchronously (a bulk group: commit, then wait); out of bounds is skipped.
+__device__ __forceinline__ void tma_store_2d(const void* tensor_map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tensor_map),
+               "r"(c0), "r"(c1), "r"(smem_addr(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups still read their shared memory (READ) or run at all.
+template <int N, bool READ>
+__device__ __forceinline__ void bulk_wait() {
+  if constexpr (READ) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+  else asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Two 8 x 8 16-bit matrices from the warp's registers (thread i: row i / 4, columns 2 (i % 4) and
+// + 1; a and b) into shared memory transposed: lanes 0-7 give the addresses of a's 8 stored rows
+// (= its columns), lanes 8-15 b's.
+__device__ __forceinline__ void stmatrix_x2_trans(const void* row, unsigned a, unsigned b) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(smem_addr(row)), "r"(a), "r"(b)
+               : "memory");
+}
+
 // ---- clusters ----
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
