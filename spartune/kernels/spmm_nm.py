@@ -95,9 +95,14 @@ def _wgmma_smem_bytes(config: Config, boxes: int) -> int:
     it apart (the producer fills the next tile's stages meanwhile), V:N:M's share the stages; plus
     the barriers and 1 KB of alignment (as spmm_nm_wgmma.cu)."""
     stage = max(boxes, 1) * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
-    staged = min(4096 // config.bm, config.bn) * (config.bm + 4) * 4
+    staged = _epi_tokens(config) * (config.bm + 4) * 4
     pipe = config.stages * stage
     return (pipe + staged if boxes == 0 else max(pipe, staged)) + 16 * config.stages + 1024
+
+
+def _epi_tokens(config: Config) -> int:
+    """Tokens of the output the wgmma epilogue stages at once (spmm_nm_wgmma.cu's EPI_TOKENS)."""
+    return min(4096 // config.bm, config.bn)
 
 
 def _vnm(fmt: str) -> tuple[int, int] | None:
@@ -428,7 +433,9 @@ def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0)
 
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
            scale=1.0):
-    """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides."""
+    """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides.
+    The wgmma variant's split tails use one workspace per device (as the split-K families do):
+    launches running at once on two streams of a device must not both split."""
     check_operands(A, x, out, bias, residual)
     if x.shape[0] == 0 or A.shape[0] == 0:
         return out
@@ -493,15 +500,18 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     if vnm:  # one CTA a tile
         grid = tiles
     else:  # persistent CTAs, a cluster per SM pair (or SM): whole tiles, then the last round's in halves of K
-        grid = _sm_count(x.device) // config.cluster_m * config.cluster_m
-        if tiles % grid:  # a split tail's halves keep their partial sums in ws (the kernel decides)
-            ws = scratch(_WORKSPACE, x.device, torch.float32, grid * config.bm * config.bn)
-            counters = arrival_counters(x.device, grid)
+        sms = _sm_count(x.device)
+        grid = sms // config.cluster_m * config.cluster_m
+        # a split tail's halves keep their partial sums in ws (the kernel decides whether to split):
+        # sized for any tile and taken on every launch, so that the first one, before any CUDA graph
+        # is captured, allocates them (a capture must not)
+        ws = scratch(_WORKSPACE, x.device, torch.float32, sms * 128 * 256)
+        counters = arrival_counters(x.device, sms)
     # a 16-bit out, contiguous along M, scale and bias only: its tiles stored by the tensor copy engine
     son, som, _, _, out_code, _, _, act, _ = rest
     tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and act == 0
                   and p_res is NULL)
-    out_map = cuda.tensor_map_2d(out, 64, min(4096 // config.bm, config.bn)) if tma_out else _NO_TENSOR_MAP
+    out_map = cuda.tensor_map_2d(out, 64, _epi_tokens(config)) if tma_out else _NO_TENSOR_MAP
     kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows,
            full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest,
            shmem=_wgmma_smem_bytes(config, boxes))

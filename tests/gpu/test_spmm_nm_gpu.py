@@ -188,11 +188,54 @@ def test_wgmma_whole_tiles_then_a_split_tail(dtype):
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     expect = reference(x, w)
     configs = configs_of(A, N, "wgmma")
+    clusters = K._sm_count(x.device) // 2
+    assert 0 < 2 * (80 % clusters) <= clusters, "this device's SM count gives no split tail here"
     for cfg in {configs[0], configs[-1], next(c for c in configs if c.cluster_m == 2 and c.bn == 256)}:
         out = run(A, x, cfg)
         assert not out.isnan().any(), cfg
         assert rel(out, expect) <= TOL, cfg
         assert torch.equal(run(A, x, cfg), out), cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_epilogues_on_persistent_clustered_and_split_tiles(dtype):
+    """Whole rounds, clusters and a split tail with each epilogue path: bias through the copy
+    engine's stores, and the threads' stores for an fp32 out, a residual with SiLU and a strided
+    out (every CTA reuses its staged part for tile after tile while the producer runs ahead)."""
+    M, Kd, N = 4096, 4096, 1152
+    w = random_2to4(M, Kd, dtype, 14)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    configs = configs_of(A, N, "wgmma")
+    picks = [next(c for c in configs if c.cluster_m == 2 and c.bn == 256), next(c for c in configs if c.bm == 256)]
+    for cfg in picks:
+        out = run(A, x, cfg, bias=bias)
+        assert not out.isnan().any() and rel(out, reference(x, w, bias=bias)) <= TOL, cfg
+        out32 = run(A, x, cfg, out=torch.full((N, M), float("nan"), device="cuda"))
+        assert not out32.isnan().any() and rel(out32, reference(x, w)) <= TOL, cfg
+        out = run(A, x, cfg, activation="silu", residual=res)
+        assert not out.isnan().any() and rel(out, reference(x, w, activation="silu", residual=res)) <= TOL, cfg
+        Y = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+        run(A, x, cfg, out=Y.T)
+        assert not Y.isnan().any() and rel(Y.T, reference(x, w)) <= TOL, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_copy_engine_stores_stop_at_the_output_edges(dtype):
+    """out a view inside a wider buffer (M not a multiple of the 64-row boxes): the boxes' stores
+    are clipped to M and N, the columns around stay as they were."""
+    M, Kd, N = 1000, 4096, 300
+    w = random_2to4(M, Kd, dtype, 15)
+    A = st.NM.from_dense(w, 2, 4)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    expect = reference(x, w)
+    for cfg in {configs_of(A, N, "wgmma")[0], configs_of(A, N, "wgmma")[-1]}:
+        wide = torch.full((N, M + 24), float("nan"), device="cuda", dtype=dtype)
+        out = run(A, x, cfg, out=wide[:, 8:8 + M])
+        assert not out.isnan().any() and rel(out, expect) <= TOL, cfg
+        assert wide[:, :8].isnan().all() and wide[:, 8 + M:].isnan().all(), cfg
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

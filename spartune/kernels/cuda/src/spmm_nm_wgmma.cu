@@ -55,7 +55,7 @@ constexpr unsigned MN_SBO = 1024, MN_LBO = BK / 8 * 1024;
 constexpr bool MN_MAJOR = GATHER;  // the gathered boxes are tokens-contiguous (B transposed)
 constexpr int CHUNKS = BN / 8;              // 16-byte chunks of a gathered row of tokens
 constexpr int TILE_STRIDE = BM + 4;         // floats per token row of the staged output (no bank conflicts)
-constexpr int EPI_TOKENS = 4096 / BM < BN ? 4096 / BM : BN;  // tokens of the output staged at once (~17 KB)
+constexpr int EPI_TOKENS = 4096 / BM < BN ? 4096 / BM : BN;  // output tokens staged at once (~17 KB; spmm_nm._epi_tokens)
 constexpr int EPI_BYTES = EPI_TOKENS * TILE_STRIDE * 4;
 // 2:4 runs persistent CTAs (a loop over tiles; the producer fills the next tile's stages during
 // the epilogue, which then needs shared memory of its own); V:N:M one tile a CTA, its epilogue
@@ -257,7 +257,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
       }
     }
 #endif
-    if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // pairs the consumers' last one
+    if constexpr (CLUSTER_M > 1) {  // pairs the consumers' last one (the warp whole again first)
+      __syncwarp();
+      spartune::cluster_sync();
+    }
     return;
   }
 
