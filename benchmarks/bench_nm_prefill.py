@@ -55,6 +55,15 @@ def floor_s(pattern, M, Kd, N) -> float:
     return max(flops / PEAK, (a_bytes + 2 * N * (Kd + M)) / DRAM)
 
 
+def tuner_rows(A, N, dtype) -> list[dict]:
+    """What the tuner measured for linear(x of N rows, A) (the DB's rows), to look into a pick later."""
+    db = dispatch.get_tuner().db
+    if db is None:
+        return []
+    key = db.key(dispatch.linear_problem(A, N, dtype))
+    return [{k: r[k] for k in ("backend", "config", "seconds", "error", "predicted")} for r in db.results(key)]
+
+
 def run_case(name, M, Kd, N, pattern, dtype, top, tuned, first_use=False):
     g = torch.Generator(device="cuda").manual_seed(M + Kd + N)
     w = torch.randn(M, Kd, device="cuda", dtype=dtype, generator=g)
@@ -106,6 +115,7 @@ def run_case(name, M, Kd, N, pattern, dtype, top, tuned, first_use=False):
         st.linear(x, A)  # tunes (fast mode) on first use
         row["tuned_s"] = seconds(lambda: st.linear(x, A))
         row["tuned_pick"] = [f"{c.backend} {c.config}" for c in dispatch._states[A].chosen.values()]
+        row["tuner_rows"] = tuner_rows(A, N, row["dtype"])
     return row
 
 
