@@ -28,6 +28,16 @@ __device__ __forceinline__ void store_from_float(void* p, long long i, int code,
   else reinterpret_cast<float*>(p)[i] = v;
 }
 
+// Two values as one word of 16-bit halves (code 0 fp16, 1 bf16), a at the lower address.
+__device__ __forceinline__ unsigned pack_16bit(float a, float b, int code) {
+  if (code == 0) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const unsigned*>(&h);
+  }
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
 // exp2 and 1/x as one MUFU instruction each (~2 ulp): a full-precision division or erff costs
 // several times the rest of an elementwise epilogue.
 __device__ __forceinline__ float exp2_approx(float x) {

@@ -405,17 +405,9 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
           const int j = part * EPI_TOKENS / 8 + jj;
           unsigned packed[2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float y0 = acc[i][4 * j + 2 * h] * scale + bias_r[i][h];
-            const float y1 = acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h];
-            if (out_code == 0) {
-              const __half2 v = __floats2half2_rn(y0, y1);
-              packed[h] = *reinterpret_cast<const unsigned*>(&v);
-            } else {
-              const __nv_bfloat162 v = __floats2bfloat162_rn(y0, y1);
-              packed[h] = *reinterpret_cast<const unsigned*>(&v);
-            }
-          }
+          for (int h = 0; h < 2; ++h)
+            packed[h] = spartune::pack_16bit(acc[i][4 * j + 2 * h] * scale + bias_r[i][h],
+                                             acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h], out_code);
           // lane l < 16 gives the address of stored row (token) 8 jj + l % 8, rows m .. m + 7 of
           // matrix l / 8 (m = this warp's 16 rows, then 8 on)
           const int n = 8 * jj + (lane & 7), m = c * (BM / 2) + i * 64 + warp * 16 + 8 * ((lane >> 3) & 1);
@@ -444,46 +436,38 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         }
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #pragma unroll 1
-  for (int idx = ct; idx < BM * EPI_TOKENS / 8; idx += 256) {  // 8 rows of one token each
-    const int nq = idx / (BM / 8), m = idx % (BM / 8) * 8, n = part * EPI_TOKENS + nq;
-    const int row = mb * BM + m;
-    if (row >= M || n0 + n >= N) continue;
-    const float4 lo = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m);
-    const float4 hi = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m + 4);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    if (plain && row + 8 <= M) {  // scale and bias only: unrolled, no local arrays, one 16-byte store
-      unsigned packed[4];
+    for (int idx = ct; idx < BM * EPI_TOKENS / 8; idx += 256) {  // 8 rows of one token each
+      const int nq = idx / (BM / 8), m = idx % (BM / 8) * 8, n = part * EPI_TOKENS + nq;
+      const int row = mb * BM + m;
+      if (row >= M || n0 + n >= N) continue;
+      const float4 lo = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m);
+      const float4 hi = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m + 4);
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      if (plain && row + 8 <= M) {  // scale and bias only: unrolled, no local arrays, one 16-byte store
+        unsigned packed[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float y0 = v[2 * q] * scale + epi.bias_of(row + 2 * q);
-        const float y1 = v[2 * q + 1] * scale + epi.bias_of(row + 2 * q + 1);
-        if (out_code == 0) {
-          const __half2 h = __floats2half2_rn(y0, y1);
-          packed[q] = *reinterpret_cast<const unsigned*>(&h);
-        } else {
-          const __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
-          packed[q] = *reinterpret_cast<const unsigned*>(&h);
+        for (int q = 0; q < 4; ++q)
+          packed[q] = spartune::pack_16bit(v[2 * q] * scale + epi.bias_of(row + 2 * q),
+                                           v[2 * q + 1] * scale + epi.bias_of(row + 2 * q + 1), out_code);
+        *reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(out) + (long long)(n0 + n) * son + row) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      } else if (packed_out && row + 8 <= M) {  // one 16-byte store
+        unsigned short h[8];
+#pragma unroll 1
+        for (int q = 0; q < 8; ++q) {  // rolled: the epilogue's code once (unrolled, ptxas takes 20 s)
+          float y = spartune::activate(v[q] * scale + epi.bias_of(row + q), act);
+          if (residual) y += spartune::load_as_float(residual, (long long)(n0 + n) * srn + (long long)(row + q) * srm, res_code);
+          h[q] = out_code == 0 ? __half_as_ushort(__float2half_rn(y)) : __bfloat16_as_ushort(__float2bfloat16_rn(y));
         }
-      }
-      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(out) + (long long)(n0 + n) * son + row) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    } else if (packed_out && row + 8 <= M) {  // one 16-byte store
-      unsigned short h[8];
+        *reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(out) + (long long)(n0 + n) * son + row) =
+            make_uint4(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16, h[4] | (unsigned)h[5] << 16,
+                       h[6] | (unsigned)h[7] << 16);
+      } else {
 #pragma unroll 1
-      for (int q = 0; q < 8; ++q) {  // rolled: the epilogue's code once (unrolled, ptxas takes 20 s)
-        float y = spartune::activate(v[q] * scale + epi.bias_of(row + q), act);
-        if (residual) y += spartune::load_as_float(residual, (long long)(n0 + n) * srn + (long long)(row + q) * srm, res_code);
-        h[q] = out_code == 0 ? __half_as_ushort(__float2half_rn(y)) : __bfloat16_as_ushort(__float2bfloat16_rn(y));
+        for (int q = 0; q < 8; ++q)
+          if (row + q < M) epi.store(row + q, n0 + n, v[q], epi.bias_of(row + q));
       }
-      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(out) + (long long)(n0 + n) * son + row) =
-          make_uint4(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16, h[4] | (unsigned)h[5] << 16,
-                     h[6] | (unsigned)h[7] << 16);
-    } else {
-#pragma unroll 1
-      for (int q = 0; q < 8; ++q)
-        if (row + q < M) epi.store(row + q, n0 + n, v[q], epi.bias_of(row + q));
     }
-  }
   }  // part
   }  // unit
   if (tma_out && ct == 0) spartune::bulk_wait<0, false>();  // the last boxes are stored
