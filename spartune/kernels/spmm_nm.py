@@ -502,10 +502,10 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     else:  # persistent CTAs, a cluster per SM pair (or SM): whole tiles, then the last round's in halves of K
         sms = _sm_count(x.device)
         grid = sms // config.cluster_m * config.cluster_m
-        # a split tail's pieces keep their partial sums in ws (the kernel decides how to split, at
-        # most two pieces a CTA): sized for any tile and taken on every launch, so that the first
-        # one, before any CUDA graph is captured, allocates them (a capture must not)
-        ws = scratch(_WORKSPACE, x.device, torch.float32, 2 * sms * 128 * 256)
+        # a split tail's halves keep their partial sums in ws (the kernel decides whether to split):
+        # sized for any tile and taken on every launch, so that the first one, before any CUDA graph
+        # is captured, allocates them (a capture must not)
+        ws = scratch(_WORKSPACE, x.device, torch.float32, sms * 128 * 256)
         counters = arrival_counters(x.device, sms)
     # a 16-bit out, contiguous along M, scale and bias only: its tiles stored by the tensor copy engine
     son, som, _, _, out_code, _, _, act, _ = rest
@@ -515,18 +515,6 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
     kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows,
            full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest,
            shmem=_wgmma_smem_bytes(config, boxes))
-
-
-def tail_parts(units: int, clusters: int, k_stages: int) -> int:
-    """Pieces of K each unit of the last, partial round is cut in (spmm_nm_wgmma.cu's `parts`,
-    the same rule): the count, 1 to 4, whose pieces finish in the fewest rounds of a piece, with
-    at least 8 stages a piece and at most two pieces a cluster."""
-    tail, parts = units % clusters, 1
-    for p in range(2, 5):
-        if tail and k_stages >= 8 * p and p * tail <= 2 * clusters \
-                and -(-p * tail // clusters) * parts < -(-parts * tail // clusters) * p:
-            parts = p
-    return parts
 
 
 _WORKSPACE: dict = {}  # (device, dtype) -> the split tail's partial sums

@@ -289,14 +289,3 @@ def test_compile_space_rejects_bad_input():
             dispatch.compile_space(A, n)
     with pytest.raises(ValueError, match="dtype must be one of"):
         dispatch.compile_space(A, 16, "int8")
-
-
-def test_wgmma_tail_parts_cut_the_last_round_where_it_saves_time():
-    # (units, clusters, K stages) -> pieces: Llama shapes at N = 2048 on 132 SMs (66 pairs)
-    assert K.tail_parts(344, 66, 64) == 4  # 7B up, pairs: 14 tail units, a quarter round
-    assert K.tail_parts(864, 132, 80) == 3  # 13B up: 72 of 132, two thirds of a round, not one
-    assert K.tail_parts(1792, 132, 128) == 3  # 70B up: 76 of 132
-    assert K.tail_parts(256, 132, 172) == 1  # 7B down: 124 of 132, no cut saves a round
-    assert K.tail_parts(264, 132, 64) == 1  # no tail
-    assert K.tail_parts(140, 132, 16) == 2  # pieces of at least 8 stages
-    assert K.tail_parts(140, 132, 8) == 1

@@ -12,7 +12,7 @@
 // The producer gives registers back (setmaxnreg) so that each consumer holds BM/2 x BN f32
 // accumulators. 2:4 runs persistent CTAs, one per SM, each looping over tiles: the ring of stages
 // runs on across tiles (the producer fills the next tile's first stages during the epilogue), and
-// a last, partial round of tiles is cut in pieces of K (see `segment`). With CLUSTER_M > 1 the CTAs of a cluster own adjacent row blocks of the same
+// a last, partial round of tiles is split in halves of K (see `segment`). With CLUSTER_M > 1 the CTAs of a cluster own adjacent row blocks of the same
 // tokens: each loads 1/CLUSTER_M of the x box and multicasts it to all (x is most of what the
 // CTAs read through L2), and each consumer warp frees a stage in every CTA of the cluster.
 // V:N:M (GATHER > 0): A is the 2:4 matrix over each V-row block's kept columns, and x comes as
@@ -152,28 +152,24 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     const int group_size = min(row_groups - first_m, group_m);
     mb = (first_m + in_group % group_size) * CLUSTER_M + rank, n0 = in_group / group_size * BN;
   };
-  // Work of a cluster: `whole` units in rounds, then the last, partial round's `tail` units, each
-  // cut in `parts` pieces of K: the count (1 to 4) whose pieces finish soonest (in ceil(parts x
-  // tail / clusters) rounds of a 1 / parts unit), with at least 8 stages a piece and at most two
-  // pieces a cluster. A piece's length is even, so that the metadata's register sets alternate
-  // as in a whole unit. Piece j of the tail (clusters take them in turn) is piece j % parts of
-  // unit j / parts; a unit's pieces add their partial sums through ws, the last one to finish in
-  // piece order. Segment q: unit u's stages k0 .. k1. (V:N:M launches one CTA a tile: no tail.)
+  // Work of a cluster: `whole` units in rounds, then the last, partial round of `tail` units.
+  // Where those fill half the clusters or fewer, each is split in two halves of K (even, so that
+  // the metadata's register sets alternate as in a whole unit) for clusters 2t and 2t + 1, which
+  // add their partial sums through ws. Segment q: unit u's stages k0 .. k1. (V:N:M launches one
+  // CTA a tile: no tail.)
   const int whole = units / clusters, tail = units - whole * clusters;
-  int parts = 1;
-  for (int p = 2; p <= 4 && tail; ++p) {
-    const int rounds = (p * tail + clusters - 1) / clusters, best = (parts * tail + clusters - 1) / clusters;
-    if (k_stages >= 8 * p && p * tail <= 2 * clusters && rounds * parts < best * p) parts = p;
-  }
-  const int piece = 2 * ((k_stages + 2 * parts - 1) / (2 * parts));
+  const bool split = tail && 2 * tail <= clusters && k_stages >= 8;
+  const int half = 2 * ((k_stages + 3) / 4);
   auto segment = [&](int q, int& u, int& k0, int& k1) -> bool {
-    if (q < whole) {
-      u = cid + q * clusters, k0 = 0, k1 = k_stages;
-      return true;
+    k0 = 0, k1 = k_stages;
+    if (q < whole || (q == whole && !split)) {
+      u = cid + q * clusters;
+      return u < units;
     }
-    const int j = (q - whole) * clusters + cid;
-    u = units - tail + j / parts, k0 = j % parts * piece, k1 = min(k_stages, k0 + piece);
-    return j < parts * tail;
+    if (q > whole || cid >= 2 * tail) return false;
+    u = units - tail + cid / 2;
+    (cid % 2 ? k0 : k1) = half;
+    return true;
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -348,14 +344,14 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   for (int i = 0; i < WM; ++i) spartune::fence_registers(acc[i]);
   free_stage(k1 - 1);  // (the producer may fill it with the next tile's first stages now)
 
-  if (!GATHER && parts > 1 && q >= whole) {  // a piece of a tail unit: the last to finish adds them all
-    // ws: each piece's partial sums (per CTA), each thread's accumulators float4 by float4 at a
+  if (!GATHER && split && q == whole) {  // half of a tail unit: the second to finish adds both
+    // ws: each cluster's partial sums (per CTA), each thread's accumulators float4 by float4 at a
     // stride of the 256 consumer threads (coalesced)
-    auto slot = [&](int j) {
-      return reinterpret_cast<float4*>(ws) + (size_t)(j * CLUSTER_M + rank) * (WM * ACC / 4) * 256 + ct;
+    auto slot = [&](int cl) {
+      return reinterpret_cast<float4*>(ws) + (size_t)(cl * CLUSTER_M + rank) * (WM * ACC / 4) * 256 + ct;
     };
-    const int j = (q - whole) * clusters + cid, t = j / parts;
-    float4* mine = slot(j);
+    const int t = cid / 2;
+    float4* mine = slot(cid);
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -363,26 +359,19 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         mine[(i * ACC / 4 + v) * 256] = make_float4(acc[i][4 * v], acc[i][4 * v + 1], acc[i][4 * v + 2], acc[i][4 * v + 3]);
     __threadfence();
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    if (ct == 0) last_part = atomicAdd(counters + t * CLUSTER_M + rank, 1) == parts - 1;
+    if (ct == 0) last_part = atomicAdd(counters + t * CLUSTER_M + rank, 1) == 1;
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     if (!last_part) continue;
     __threadfence();
-    // the pieces' sums in piece order (0 + the first is the first): the same every run
+    const float4* lo = slot(2 * t);  // the first half's sums, then the second's: the same every run
+    const float4* hi = slot(2 * t + 1);
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
-      for (int v = 0; v < ACC; ++v) acc[i][v] = 0.f;
-#pragma unroll 1
-    for (int p = 0; p < parts; ++p) {
-      const float4* part = slot(t * parts + p);
-#pragma unroll
-      for (int i = 0; i < WM; ++i)
-#pragma unroll
-        for (int v = 0; v < ACC / 4; ++v) {
-          const float4 a = __ldcg(part + (i * ACC / 4 + v) * 256);
-          acc[i][4 * v] += a.x, acc[i][4 * v + 1] += a.y, acc[i][4 * v + 2] += a.z, acc[i][4 * v + 3] += a.w;
-        }
-    }
+      for (int v = 0; v < ACC / 4; ++v) {
+        const float4 a = __ldcg(lo + (i * ACC / 4 + v) * 256), b = __ldcg(hi + (i * ACC / 4 + v) * 256);
+        acc[i][4 * v] = a.x + b.x, acc[i][4 * v + 1] = a.y + b.y, acc[i][4 * v + 2] = a.z + b.z, acc[i][4 * v + 3] = a.w + b.w;
+      }
     if (ct == 0) counters[t * CLUSTER_M + rank] = 0;  // for the next launch
   }
 
