@@ -49,6 +49,10 @@ class Config:
     stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
     cluster_m: int = 1  # wgmma, 2:4: CTAs of a cluster (adjacent row blocks) multicasting each x box
+    # wgmma, V:N:M: run the weight as 2:4 over all of K (its 2 nonzeros in M columns always fit
+    # 2:4): twice the kept columns' products, but x by TMA, shared by every row block, instead
+    # of gathered per V rows (at V = 64 the gather's L2 traffic bounds it: LOG, session 16)
+    as_24: bool = False
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -124,7 +128,8 @@ def space(problem: Problem) -> list[Config]:
     if vnm is None:
         return []
     mma = [c for c in _mma_space(problem, gather=True) if vnm[0] % c.bm == 0]
-    return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])]
+    as_24 = [dataclasses.replace(c, as_24=True) for c in _wgmma_space(problem)]
+    return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])] + as_24
 
 
 def _mma_smem_bytes(config: Config, vnm: bool) -> int:
@@ -245,6 +250,8 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
 
 
 def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
+    if config.as_24:
+        return _wgmma_features(dataclasses.replace(problem, fmt="2:4"), dataclasses.replace(config, as_24=False))
     elt = 2
     row_tiles = math.ceil(problem.m / config.bm)
     strips = math.ceil(problem.n / config.bn)
@@ -390,11 +397,29 @@ def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> tuple[torch.Tensor, int]
 
 
 def release_unused(A, configs) -> None:
-    """Each BM of the wgmma variant keeps its own copy of the packed weight: drop the copies no
-    chosen config reads."""
-    kept = {_packed_key(c.bm, c.cluster_m) for c in configs if c.variant == "wgmma"}
+    """Each BM of the wgmma variant keeps its own copy of the packed weight (and a V:N:M weight
+    its 2:4 copy): drop the copies no chosen config reads."""
+    wgmma = [c for c in configs if isinstance(c, Config) and c.variant == "wgmma"]
+    if isinstance(A, VNM):
+        if not any(c.as_24 for c in wgmma):
+            A.__dict__.pop(_AS_24_KEY, None)
+        elif _AS_24_KEY in A.__dict__:
+            release_unused(as_2to4(A), [dataclasses.replace(c, as_24=False) for c in wgmma if c.as_24])
+        wgmma = [c for c in wgmma if not c.as_24]
+    kept = {_packed_key(c.bm, c.cluster_m) for c in wgmma}
     for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_packed_") and k not in kept]:
         del A.__dict__[key]
+
+
+_AS_24_KEY = "_nm_as_2to4"
+
+
+def as_2to4(A: VNM):
+    """A V:N:M weight as a 2:4 NM one over all of K (exact: 2 nonzeros in M >= 8 columns leave at
+    most 2 in every group of 4), built once per weight and values version."""
+    from ..formats import NM
+
+    return memo(A, _AS_24_KEY, lambda: NM.from_dense(A.to_dense(), 2, 4))
 
 
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
@@ -410,7 +435,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: in
 
 def instances(problem: Problem, config: Config) -> list:
     """The kernel a launch of `config` loads for `problem` (compiled ahead by the tuner)."""
-    vnm = _vnm(problem.fmt)
+    vnm = None if config.as_24 else _vnm(problem.fmt)
     gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else mma_gather(config)
     return [_instance(config, getattr(torch, problem.dtype), gather, ACTIVATION_CODES[problem.epilogue.activation])]
 
@@ -440,6 +465,10 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     if x.shape[0] == 0 or A.shape[0] == 0:
         return out
     epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
+    if config.as_24:
+        if not isinstance(A, VNM):
+            raise ValueError(f"as_24 runs a V:N:M weight as 2:4; this one is {A.signature}")
+        A, config = as_2to4(A), dataclasses.replace(config, as_24=False)
     if config.variant == "wgmma":
         _launch_wgmma(A, x, out, config, epilogue)
     else:

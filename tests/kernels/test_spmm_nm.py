@@ -1,5 +1,7 @@
 """The 2:4 sparse tensor-core family on the CPU: the packed weight against the emulation of
 mma.sp, space/features sanity, availability, registry and the dense fallback."""
+import dataclasses
+
 import pytest
 import torch
 from helpers import random_2to4
@@ -185,7 +187,7 @@ def test_vnm_wgmma_space_covers_one_block_or_two_halves():
     for v, m, bms in ((64, 8, {128}), (128, 8, {128, 256}), (64, 16, {128}), (32, 8, set())):
         A = st.sparsify_weight(torch.randn(256, 256), f"{v}:2:{m}")
         prob = Problem("linear", A.signature, 4096, 4100, 2048, "float16", A.stats(), device=hopper)  # K % 8 != 0 is fine
-        wg = [c for c in K.space(prob) if c.variant == "wgmma"]
+        wg = [c for c in K.space(prob) if c.variant == "wgmma" and not c.as_24]
         assert {c.bm for c in wg} == bms, (v, m)
         kept = -(-4100 // m) * 4  # the work is that of the kept columns: 4 of every m, in stage pairs
         k_pad = -(-kept // 128) * 128
@@ -247,12 +249,13 @@ def test_instances_are_what_each_config_loads():
         for c in K.space(prob):
             (inst,) = K.instances(prob, c)
             defines = dict(inst.defines)
-            gather = 0 if pattern == "2:4" else K.wgmma_boxes(c, A.v) if c.variant == "wgmma" \
+            gather = 0 if pattern == "2:4" or c.as_24 else K.wgmma_boxes(c, A.v) if c.variant == "wgmma" \
                 else 2 if c.stages >= 3 else 1
             assert defines["GATHER"] == gather and defines["SPARTUNE_BF16"] == (dtype == "bfloat16")
             assert inst == K._instance(c, getattr(torch, dtype), gather)
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
-        assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages, c.cluster_m) for c in wg})
+        assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages, c.cluster_m, c.as_24 or pattern == "2:4")
+                                                                  for c in wg})
         # the mma epilogue's activation is compiled in (one per instance); wgmma's is not
         gelu = Problem("linear", A.signature, 4096, 4096, 2048, dtype, A.stats(), Epilogue(activation="gelu"), hopper)
         for c in K.space(prob)[:3] + wg[:1]:
@@ -289,3 +292,29 @@ def test_compile_space_rejects_bad_input():
             dispatch.compile_space(A, n)
     with pytest.raises(ValueError, match="dtype must be one of"):
         dispatch.compile_space(A, 16, "int8")
+
+
+@pytest.mark.parametrize("pattern", ["64:2:8", "128:2:8", "64:2:16", "32:2:32"])
+def test_vnm_as_24_is_the_same_matrix_and_runs_2to4_configs(pattern):
+    """A V:N:M weight's 2:4 copy (its 2 nonzeros in M columns fit 2:4 over all of K) holds the same
+    matrix; the space offers it the 2:4 wgmma tiles (as_24), with 2:4's features and kernels."""
+    A = st.sparsify_weight(torch.randn(200, 328, dtype=torch.float16), pattern)
+    assert torch.equal(K.as_2to4(A).to_dense(), A.to_dense())
+    hopper = "NVIDIA H100 80GB HBM3 sm_90"
+    prob = Problem("linear", A.signature, 4096, 4096, 2048, "float16", A.stats(), device=hopper)
+    as_24 = [c for c in K.space(prob) if c.as_24]
+    plain = Problem("linear", "2:4", 4096, 4096, 2048, "float16", A.stats(), device=hopper)
+    assert as_24 == [dataclasses.replace(c, as_24=True) for c in K.space(plain) if c.variant == "wgmma"]
+    for c in as_24[:3]:
+        assert K.features(prob, c) == K.features(plain, dataclasses.replace(c, as_24=False))
+        assert K.instances(prob, c) == K.instances(plain, dataclasses.replace(c, as_24=False))
+    K.release_unused(A, [])
+    assert K._AS_24_KEY not in A.__dict__
+
+
+def test_as_24_refuses_a_2to4_weight():
+    A = st.sparsify_weight(torch.randn(64, 64, dtype=torch.float16), "2:4")
+    cfg = K.Config(128, 256, 12, variant="wgmma", stages=5, as_24=True)
+    x = torch.randn(8, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="as_24"):
+        K.launch(A, x, torch.empty(8, 64, dtype=torch.float16), cfg)
