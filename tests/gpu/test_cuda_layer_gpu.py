@@ -208,3 +208,27 @@ def test_a_thread_whose_first_cuda_call_is_a_launch():
     assert not errors, errors
     ref = w.reshape(tiles, 16, 32).double() @ b_nk.transpose(1, 2).double()
     assert not d.isnan().any() and rel(d.cpu(), ref) < 1e-5
+
+
+def test_a_thread_whose_first_cuda_call_encodes_a_tensor_map():
+    """The same for the copy engine's descriptors: the wgmma kernels encode x's and out's tensor
+    maps before their launch, so on a tuning-DB hit the worker thread's first driver call is
+    cuTensorMapEncodeTiled (it failed with CUDA_ERROR_INVALID_CONTEXT)."""
+    import threading
+
+    from spartune.kernels.cuda import runtime as R
+
+    t = torch.randn(100, 64, device="cuda", dtype=torch.float16)
+    results, errors = [], []
+
+    def first_call_of_its_thread():
+        try:
+            results.append(R._encode_tensor_map(t, 100, 64, 128, 64, 32))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    thread = threading.Thread(target=first_call_of_its_thread)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert results[0] == R._encode_tensor_map(t, 100, 64, 128, 64, 32)  # the same descriptor as here

@@ -309,11 +309,18 @@ def _encode_tensor_map(t: torch.Tensor, rows: int, cols: int, pitch: int, box_co
     if t.dtype not in kinds or t.stride(1) != 1 or pitch % 16 or t.data_ptr() % 16:
         raise ValueError("tensor_map_2d needs an fp16/bf16 tensor with unit column stride, 16-byte aligned rows")
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    err, tmap = driver.cuTensorMapEncodeTiled(
-        kinds[t.dtype], 2, t.data_ptr(), [u64(cols), u64(rows)], [u64(pitch)], [u32(box_cols), u32(box_rows)],
-        [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    def encode():
+        return driver.cuTensorMapEncodeTiled(
+            kinds[t.dtype], 2, t.data_ptr(), [u64(cols), u64(rows)], [u64(pitch)], [u32(box_cols), u32(box_rows)],
+            [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    err, tmap = encode()
+    if int(err) == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(t.device.index):
+        err, tmap = encode()  # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
     _check(err, "cuTensorMapEncodeTiled")
     return ctypes.string_at(tmap.getPtr(), 128)
 
