@@ -12,7 +12,9 @@ The weight is packed once per layout, in the order the instructions' lanes hold 
 V:N:M weights (VENOM) are the 2:4 matrix over each V-row block's kept columns plus a map from
 those columns to x's; the "mma" variant gathers x through the map as it stages it, the "wgmma"
 variant reads x^T (K, tokens), where a kept column is a contiguous row of tokens, and its
-producer warpgroup gathers those rows by cp.async.
+producer warpgroup gathers those rows by cp.async. With N = 2, a V:N:M weight is a 2:4 one over
+all of K too: `Config.as_24` runs it on the 2:4 kernels (no gather; where the gather's L2 traffic
+bounds, V = 64 at prefill, that is faster despite twice the products).
 """
 from __future__ import annotations
 
