@@ -1,6 +1,7 @@
 """The CUDA layer on the GPU: NVRTC through cuda.core, the cubin cache across processes, launches
 on torch's stream (CUDA graphs too), and the 2:4 sparse tensor-core tile against the float64
 reference and the emulation of mma.sp."""
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -179,11 +180,16 @@ def test_second_process_finds_the_cubin_in_the_cache():
     assert stats["compiles"] == 0 and stats["disk_hits"] == 1, stats
 
 
+def in_a_new_thread(fn):
+    """fn() run as the first code of a new thread (its exception raised here), as the tuner's
+    worker runs a launch on a tuning-DB hit."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn).result()
+
+
 def test_a_thread_whose_first_cuda_call_is_a_launch():
     """The driver API does not bind torch's context to a new thread as the runtime API does: the
     tuner's worker thread, on a tuning-DB hit, launched before any CUDA call of its own."""
-    import threading
-
     gen = torch.Generator().manual_seed(5)
     tiles, dtype = 8, torch.float16
     w = random_2to4(16 * tiles, 32, dtype, gen)
@@ -193,19 +199,7 @@ def test_a_thread_whose_first_cuda_call_is_a_launch():
     d = torch.full((tiles, 16, 8), float("nan"), device="cuda")
     inst = tile_instance(dtype)
     C.load(inst)
-    errors = []
-
-    def first_call_of_its_thread():
-        try:
-            C.launch(inst, tiles, 32, values, meta, b_cuda, d, tiles)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
-
-    thread = threading.Thread(target=first_call_of_its_thread)
-    thread.start()
-    thread.join()
-    assert not errors, errors
+    in_a_new_thread(lambda: (C.launch(inst, tiles, 32, values, meta, b_cuda, d, tiles), torch.cuda.synchronize()))
     ref = w.reshape(tiles, 16, 32).double() @ b_nk.transpose(1, 2).double()
     assert not d.isnan().any() and rel(d.cpu(), ref) < 1e-5
 
@@ -214,21 +208,6 @@ def test_a_thread_whose_first_cuda_call_encodes_a_tensor_map():
     """The same for the copy engine's descriptors: the wgmma kernels encode x's and out's tensor
     maps before their launch, so on a tuning-DB hit the worker thread's first driver call is
     cuTensorMapEncodeTiled (it failed with CUDA_ERROR_INVALID_CONTEXT)."""
-    import threading
-
-    from spartune.kernels.cuda import runtime as R
-
     t = torch.randn(100, 64, device="cuda", dtype=torch.float16)
-    results, errors = [], []
-
-    def first_call_of_its_thread():
-        try:
-            results.append(R._encode_tensor_map(t, 100, 64, 128, 64, 32))
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
-
-    thread = threading.Thread(target=first_call_of_its_thread)
-    thread.start()
-    thread.join()
-    assert not errors, errors
-    assert results[0] == R._encode_tensor_map(t, 100, 64, 128, 64, 32)  # the same descriptor as here
+    encoded = in_a_new_thread(lambda: R._encode_tensor_map(t, 100, 64, 128, 64, 32))
+    assert encoded == R._encode_tensor_map(t, 100, 64, 128, 64, 32)  # the same descriptor as here
