@@ -12,8 +12,8 @@ The weight is packed once per layout, in the order the instructions' lanes hold 
 V:N:M weights (VENOM) are the 2:4 matrix over each V-row block's kept columns plus a map from
 those columns to x's; the "mma" variant gathers x through the map as it stages it, the "wgmma"
 variant reads x^T (K, tokens), where a kept column is a contiguous row of tokens, and its
-producer warpgroup gathers those rows by cp.async. With N = 2, a V:N:M weight is a 2:4 one over
-all of K too: `Config.as_24` runs it on the 2:4 kernels (no gather; where the gather's L2 traffic
+producer warpgroup gathers those rows by cp.async. With N = 2 and M a multiple of 4, a V:N:M
+weight is a 2:4 one over all of K too: `Config.as_24` runs it on the 2:4 kernels (no gather; where the gather's L2 traffic
 bounds, V = 64 at prefill, that is faster despite twice the products).
 """
 from __future__ import annotations
@@ -51,9 +51,10 @@ class Config:
     stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
     cluster_m: int = 1  # wgmma, 2:4: CTAs of a cluster (adjacent row blocks) multicasting each x box
-    # wgmma, V:N:M: run the weight as 2:4 over all of K (its 2 nonzeros in M columns always fit
-    # 2:4): twice the kept columns' products, but x by TMA, shared by every row block, instead
-    # of gathered per V rows (at V = 64 the gather's L2 traffic bounds it: LOG, session 16)
+    # wgmma, V:N:M with M a multiple of 4: run the weight as 2:4 over all of K (its 2 nonzeros in
+    # an M-column block leave at most 2 in each of the block's groups of 4): twice the kept
+    # columns' products, but x by TMA, shared by every row block, instead of gathered per V rows
+    # (at V = 64 the gather's L2 traffic bounds it: LOG, session 16)
     as_24: bool = False
 
 
@@ -130,7 +131,7 @@ def space(problem: Problem) -> list[Config]:
     if vnm is None:
         return []
     mma = [c for c in _mma_space(problem, gather=True) if vnm[0] % c.bm == 0]
-    as_24 = [dataclasses.replace(c, as_24=True) for c in _wgmma_space(problem)]
+    as_24 = [dataclasses.replace(c, as_24=True) for c in _wgmma_space(problem)] if vnm[1] % 4 == 0 else []
     return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])] + as_24
 
 
@@ -266,7 +267,8 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     a_bytes = row_tiles * config.bm * k_pad // 2 * elt + row_tiles * config.bm * k_pad // 8  # values + metadata
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
-    copy_bytes = 2 * x_bytes if vnm and problem.layout == "linear" else 0  # V:N:M: the x^T copy
+    # V:N:M gathers from x^T (a copy of a linear x); 2:4's TMA reads x (a copy of spmm's X.T)
+    copy_bytes = 2 * x_bytes if (vnm is not None) == (problem.layout == "linear") else 0
     # DRAM reads under the grouped tile order: the CTAs running at once (one per SM) cover
     # group_m row blocks x (SMs / group_m) token strips; A is read again for each such set of
     # strips and x for each group, unless both fit in L2 together
@@ -405,9 +407,12 @@ def release_unused(A, configs) -> None:
     if isinstance(A, VNM):
         if not any(c.as_24 for c in wgmma):
             A.__dict__.pop(_AS_24_KEY, None)
-        elif _AS_24_KEY in A.__dict__:
-            release_unused(as_2to4(A), [dataclasses.replace(c, as_24=False) for c in wgmma if c.as_24])
+        elif _AS_24_KEY in A.__dict__:  # (the memo's entry: trimmed as it is, never rebuilt here)
+            release_unused(A.__dict__[_AS_24_KEY][1], [dataclasses.replace(c, as_24=False) for c in wgmma if c.as_24])
         wgmma = [c for c in wgmma if not c.as_24]
+        if not wgmma:  # no gather chosen: its column maps go too
+            for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")]:
+                del A.__dict__[key]
     kept = {_packed_key(c.bm, c.cluster_m) for c in wgmma}
     for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_packed_") and k not in kept]:
         del A.__dict__[key]
@@ -417,10 +422,13 @@ _AS_24_KEY = "_nm_as_2to4"
 
 
 def as_2to4(A: VNM):
-    """A V:N:M weight as a 2:4 NM one over all of K (exact: 2 nonzeros in M >= 8 columns leave at
-    most 2 in every group of 4), built once per weight and values version."""
+    """A V:N:M weight with M a multiple of 4 as a 2:4 NM one over all of K (exact: each group of 4
+    columns lies in one M-column block, where a row holds 2 nonzeros), built once per weight and
+    values version."""
     from ..formats import NM
 
+    if A.m % 4:
+        raise ValueError(f"a {A.signature} weight is no 2:4 one: its {A.m}-column blocks straddle groups of 4")
     return memo(A, _AS_24_KEY, lambda: NM.from_dense(A.to_dense(), 2, 4))
 
 

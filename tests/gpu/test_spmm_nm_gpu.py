@@ -395,3 +395,33 @@ def test_vnm_wgmma_graph_capture_and_tuned_linear():
     x = torch.randn(512, 2048, device="cuda", dtype=torch.float16)
     check_graph_replay(A, w, x, configs_of(A, 512, "wgmma")[-1])
     assert rel(st.linear(x, A), reference(x, w)) <= TOL  # the tuner's pick, whichever it is
+
+
+@pytest.mark.parametrize("pattern", ["2:4", "64:2:8"])
+def test_prefill_in_a_second_process_on_a_warm_tuning_db(pattern, tmp_path):
+    """A second process finds the first's tuning in the DB: the tuner's worker thread then
+    launches before any CUDA call of its own, and the wgmma launch's first driver call is the
+    tensor-map encode (it raised CUDA_ERROR_INVALID_CONTEXT)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, spartune as st\n"
+        "from spartune import dispatch\n"
+        "g = torch.Generator(device='cuda').manual_seed(3)\n"
+        "w = torch.randn(8192, 4096, device='cuda', dtype=torch.float16, generator=g)\n"
+        f"A = st.sparsify_weight(w, '{pattern}')\n"
+        "x = torch.randn(2048, 4096, device='cuda', dtype=torch.float16, generator=g)\n"
+        "y = st.linear(x, A)\n"
+        "ref = x.double() @ A.to_dense().double().T\n"
+        "err = ((y.double() - ref).norm() / ref.norm()).item()\n"
+        "assert err < 1e-2, err\n"
+        "print('ok', [str(c.config) for c in dispatch._states[A].chosen.values()])\n"
+    )
+    env = {**os.environ, "SPARTUNE_CACHE_DIR": str(tmp_path)}
+    for run in ("tunes", "hits the DB"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])
+        if "wgmma" not in out.stdout:
+            pytest.skip(f"the tuner picked no wgmma config here: {out.stdout.strip()}")

@@ -312,6 +312,17 @@ def test_vnm_as_24_is_the_same_matrix_and_runs_2to4_configs(pattern):
     assert K._AS_24_KEY not in A.__dict__
 
 
+def test_as_24_needs_m_a_multiple_of_4():
+    """With M = 6 a group of 4 columns can straddle two M-blocks and hold 3 or 4 nonzeros: no
+    as_24 configs, and a direct conversion says why."""
+    A = st.VNM.from_dense(torch.tensor([[0.0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]] * 64).half(), v=64, m=6)
+    hopper = "NVIDIA H100 80GB HBM3 sm_90"
+    prob = Problem("linear", A.signature, 4096, 4096, 2048, "float16", A.stats(), device=hopper)
+    assert K.space(prob) and not [c for c in K.space(prob) if c.as_24]
+    with pytest.raises(ValueError, match="straddle"):
+        K.as_2to4(A)
+
+
 def test_as_24_refuses_a_2to4_weight():
     A = st.sparsify_weight(torch.randn(64, 64, dtype=torch.float16), "2:4")
     cfg = K.Config(128, 256, 12, variant="wgmma", stages=5, as_24=True)
