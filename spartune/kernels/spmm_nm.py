@@ -13,8 +13,9 @@ V:N:M weights (VENOM) are the 2:4 matrix over each V-row block's kept columns pl
 those columns to x's; the "mma" variant gathers x through the map as it stages it, the "wgmma"
 variant reads x^T (K, tokens), where a kept column is a contiguous row of tokens, and its
 producer warpgroup gathers those rows by cp.async. With N = 2 and M a multiple of 4, a V:N:M
-weight is a 2:4 one over all of K too: `Config.as_24` runs it on the 2:4 kernels (no gather; where the gather's L2 traffic
-bounds, V = 64 at prefill, that is faster despite twice the products).
+weight is a 2:4 one over all of K too: `Config.as_24` runs it on the 2:4 kernels (no gather;
+where the gather's L2 traffic bounds, V = 64 at prefill, that is faster despite twice the
+products).
 """
 from __future__ import annotations
 
@@ -254,7 +255,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
 
 def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     if config.as_24:
-        return _wgmma_features(dataclasses.replace(problem, fmt="2:4"), dataclasses.replace(config, as_24=False))
+        return _wgmma_features(dataclasses.replace(problem, fmt="2:4"), _as_plain_24(config))
     elt = 2
     row_tiles = math.ceil(problem.m / config.bm)
     strips = math.ceil(problem.n / config.bn)
@@ -408,7 +409,7 @@ def release_unused(A, configs) -> None:
         if not any(c.as_24 for c in wgmma):
             A.__dict__.pop(_AS_24_KEY, None)
         elif _AS_24_KEY in A.__dict__:  # (the memo's entry: trimmed as it is, never rebuilt here)
-            release_unused(A.__dict__[_AS_24_KEY][1], [dataclasses.replace(c, as_24=False) for c in wgmma if c.as_24])
+            release_unused(A.__dict__[_AS_24_KEY][1], [_as_plain_24(c) for c in wgmma if c.as_24])
         wgmma = [c for c in wgmma if not c.as_24]
         if not wgmma:  # no gather chosen: its column maps go too
             for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")]:
@@ -427,9 +428,17 @@ def as_2to4(A: VNM):
     values version."""
     from ..formats import NM
 
+    if not isinstance(A, VNM):
+        raise ValueError(f"as_24 runs a V:N:M weight as 2:4; this one is {A.signature}")
     if A.m % 4:
         raise ValueError(f"a {A.signature} weight is no 2:4 one: its {A.m}-column blocks straddle groups of 4")
     return memo(A, _AS_24_KEY, lambda: NM.from_dense(A.to_dense(), 2, 4))
+
+
+@functools.lru_cache(maxsize=None)
+def _as_plain_24(config: Config) -> Config:
+    """An as_24 config as the 2:4 one it runs (cached: a launch asks on every call)."""
+    return dataclasses.replace(config, as_24=False)
 
 
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
@@ -476,9 +485,7 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
         return out
     epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
     if config.as_24:
-        if not isinstance(A, VNM):
-            raise ValueError(f"as_24 runs a V:N:M weight as 2:4; this one is {A.signature}")
-        A, config = as_2to4(A), dataclasses.replace(config, as_24=False)
+        A, config = as_2to4(A), _as_plain_24(config)
     if config.variant == "wgmma":
         _launch_wgmma(A, x, out, config, epilogue)
     else:

@@ -35,6 +35,15 @@ reference = helpers.linear_reference
 rel = helpers.rel_err
 
 
+def operands(M, Kd, N, dtype, seed):
+    """A 2:4 weight (dense, and as NM), x, and an epilogue's bias and residual."""
+    w = random_2to4(M, Kd, dtype, seed)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    return w, st.NM.from_dense(w, 2, 4), x, bias, res
+
+
 def problem(A, n):
     return Problem("linear", A.signature, *A.shape, n, str(A.dtype).split(".")[-1], A.stats())
 
@@ -203,11 +212,7 @@ def test_wgmma_epilogues_on_persistent_clustered_and_split_tiles(dtype):
     engine's stores, and the threads' stores for an fp32 out, a residual with SiLU and a strided
     out (every CTA reuses its staged part for tile after tile while the producer runs ahead)."""
     M, Kd, N = 4096, 4096, 1152
-    w = random_2to4(M, Kd, dtype, 14)
-    A = st.NM.from_dense(w, 2, 4)
-    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
-    bias = torch.randn(M, device="cuda", dtype=dtype)
-    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    w, A, x, bias, res = operands(M, Kd, N, dtype, 14)
     configs = configs_of(A, N, "wgmma")
     picks = [next(c for c in configs if c.cluster_m == 2 and c.bn == 256), next(c for c in configs if c.bm == 256)]
     for cfg in picks:
@@ -262,11 +267,7 @@ def test_wgmma_odd_shapes(dtype, M, Kd, N):
 @pytest.mark.parametrize("out_dtype", ["same", torch.float32])
 def test_every_epilogue(variant, dtype, activation, out_dtype):
     M, Kd, N = 260, 136, 70
-    w = random_2to4(M, Kd, dtype, 13)
-    A = st.NM.from_dense(w, 2, 4)
-    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
-    bias = torch.randn(M, device="cuda", dtype=dtype)
-    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    w, A, x, bias, res = operands(M, Kd, N, dtype, 13)
     cfg = configs_of(A, N, variant)[0]
     odt = dtype if out_dtype == "same" else out_dtype
     for kw in (dict(bias=bias), dict(residual=res), dict(bias=bias, residual=res, scale=0.5), {}):
