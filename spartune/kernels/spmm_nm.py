@@ -512,7 +512,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     if gather == 2:  # rows of x^T: its row pitch, and the tokens readable per row in sxn
         x, sxk, sxn = _tokens_major(x)
     p_bias, p_res, *rest = epilogue
-    grid = (math.ceil(mt * 16 / config.bm), math.ceil(N / config.bn), 1)
+    grid = (math.ceil(N / config.bn), math.ceil(mt * 16 / config.bm), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
            kt, sxn, sxk, x_vec, *rest, shmem=_mma_smem_bytes(config, vnm) if config.stages >= 3 else 0)
 

@@ -117,8 +117,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_mn = warp % WARPS_MN, warp_k = warp / WARPS_MN;
   const int warp_m = warp_mn % WARPS_M, warp_n = warp_mn / WARPS_M;
-  const int mt0 = blockIdx.x * MT + warp_m * WM;  // this warp's first 16-row slice
-  const int n_cta = blockIdx.y * BN;
+  // token tiles run fastest: a row block's tiles run together and share A's stream through L2
+  const int mt0 = blockIdx.y * MT + warp_m * WM;  // this warp's first 16-row slice
+  const int n_cta = blockIdx.x * BN;
 
   float acc[WM][WN][4];
 #pragma unroll
@@ -150,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   // else element by element straight into shared memory (the K tail, strided x)
   uint4 xr[XV];
   auto x_vec_ok = [&](int chunk) { return x_vec && (chunk + 1) * KC <= K; };
-  const int* cols = col_map ? col_map + (long long)(blockIdx.x * BM / map_rows) * Kt * 32 : nullptr;
+  const int* cols = col_map ? col_map + (long long)(blockIdx.y * BM / map_rows) * Kt * 32 : nullptr;
   auto load_x = [&](int chunk) {
     const int k0 = chunk * KC;
 #pragma unroll
