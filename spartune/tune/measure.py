@@ -16,8 +16,9 @@ GRAPH_BELOW_S = 150e-6  # below this a call is also timed by graph replay (host 
 REPLAY_EVICTS_L2 = True  # graph replays start from an evicted L2, as do_bench's calls do
 # How times are taken, part of every tuning-DB key: entries timed another way (the warm replays,
 # then cold ones as two separate medians, chosen before the CSR ell path existed; v1 timed
-# cuSPARSELt inside a capture, without the copy of x its own graph replay costs) are not reused.
-MEASURER = "cold-replay-paired-v2" if REPLAY_EVICTS_L2 else "warm-replay"
+# cuSPARSELt inside a capture, without the copy of x its own graph replay costs; v2 ranked long
+# calls by separate timings, before the tuner's finalists were timed in turns) are not reused.
+MEASURER = "cold-replay-paired-v3" if REPLAY_EVICTS_L2 else "warm-replay"
 
 
 def rotating(fn: Callable, arg_sets: Sequence[tuple]) -> Callable[[], object]:
@@ -95,6 +96,53 @@ def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup
 _EVICT: dict = {}
 
 
+def _evict_buffer():
+    """A buffer of twice the L2 (per device), whose write evicts every operand from L2."""
+    import torch
+
+    device = torch.cuda.current_device()
+    evict = _EVICT.get(device)
+    if evict is None:
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+    return evict
+
+
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cycles: int = 0) -> dict[str, float]:
+    """Seconds per call of each of `fns` (medians), timed in turns, the order rotating each round,
+    the L2 evicted before every call; and under "ratio:<name>" the median over rounds of the first
+    fn's time over <name>'s. Why: a long GEMM runs the H100 at its 700 W cap, where the clock
+    (1.0-1.3 GHz) follows the board's recent load, so two kernels timed apart differ by up to ~8%
+    for that alone (benchmarks/LOG.md, session 16); in turns both meet the same states. For calls
+    of ~100 us and more: the events of every round are read at the end, so the host keeps the
+    GPU's queue ahead and its launch time stays out."""
+    import statistics
+
+    import torch
+
+    evict = _evict_buffer()
+    names = list(fns)
+    for name in names:  # warm-up: compiles, lazy allocations, tuning
+        fns[name]()
+    marks = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if idle_cycles:
+                torch.cuda._sleep(idle_cycles)
+            evict.zero_()
+            start.record()
+            fns[name]()
+            end.record()
+            marks[name].append((start, end))
+    torch.cuda.synchronize()
+    times = {name: [s.elapsed_time(e) * 1e-3 for s, e in marks[name]] for name in names}
+    out = {name: statistics.median(t) for name, t in times.items()}
+    for name in names[1:]:
+        out[f"ratio:{name}"] = statistics.median(a / b for a, b in zip(times[names[0]], times[name]))
+    return out
+
+
 def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
     operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
@@ -105,11 +153,7 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     pay and the next write saves; do_bench's flush charges it the same way.)"""
     import torch
 
-    device = torch.cuda.current_device()
-    evict = _EVICT.get(device)
-    if evict is None:
-        l2 = torch.cuda.get_device_properties(device).L2_cache_size
-        evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+    evict = _evict_buffer()
 
     def captured(body, reps: int):
         graph = torch.cuda.CUDAGraph()
@@ -161,3 +205,13 @@ def measure_candidate(candidate, bound: float | None = None, *, brief: bool = Tr
         raise ValueError(f"candidate {candidate.backend} has no run callable to measure")
     timing = dict(warmup_ms=TUNE_WARMUP_MS, rep_ms=TUNE_REP_MS) if brief else {}
     return time_callable(candidate.run, graph=candidate.graph, bound=bound, **timing)
+
+
+def in_turns(candidates, *, brief: bool = True) -> list[float]:
+    """Seconds per call of each candidate's prepared `run`, timed in turns (interleaved): how the
+    tuner ranks the finalists of long calls."""
+    fns = {i: c.run for i, c in enumerate(candidates)}
+    if any(fn is None for fn in fns.values()):
+        raise ValueError("a candidate has no run callable to measure")
+    times = interleaved(fns, rounds=11 if brief else 21)
+    return [times[i] for i in fns]

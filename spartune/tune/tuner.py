@@ -22,6 +22,7 @@ import numpy as np
 
 from .db import TuningDB, canonical
 from .device import DeviceSpec, calibrate, device_name
+from .measure import GRAPH_BELOW_S
 from .model import predict
 from .problem import KernelFeatures, Problem
 
@@ -38,6 +39,12 @@ TOP_FRAC = 0.06
 # ends its timing. A library whose floor (the time it cannot beat) is past the best measured is
 # not run at all (cuSPARSE on a 2:4 weight at prefill: ~0.3 s a call).
 SLOWER = 3.0
+# Calls of GRAPH_BELOW_S and more: the fastest FINALISTS measured, within FINAL_MARGIN of the best,
+# are timed again in turns (measure.interleaved) and ranked by that. Why: long GEMMs run the H100
+# at its power cap, where the clock follows the board's recent load, so candidates timed one after
+# the other differ by up to ~15% for that alone; one config that measured 3% faster alone ran 25%
+# slower than another in turns (70B up, N = 8192; benchmarks/LOG.md, session 17).
+FINALISTS, FINAL_MARGIN = 3, 1.15
 
 
 def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> int:
@@ -105,11 +112,14 @@ class Tuner:
     which the candidate has lost, so it may stop at a first estimate above it (else None); a
     one-argument measurer is called as before. db=None keeps choices in memory only.
     Fast mode measures the model's best fast_count(len(candidates), top_k, top_frac)
-    (top_frac=0: exactly top_k) and the libraries.
+    (top_frac=0: exactly top_k) and the libraries. in_turns(candidates) -> seconds each, timed
+    in turns: the finalists of long calls are ranked by it (default: measure.in_turns with the
+    default measurer, none with a custom one).
     """
 
     def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[..., float] | None = None,
-                 mode: str = "fast", top_k: int = TOP_K, top_frac: float = TOP_FRAC):
+                 mode: str = "fast", top_k: int = TOP_K, top_frac: float = TOP_FRAC,
+                 in_turns: Callable[[Sequence[Candidate]], Sequence[float]] | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if top_k < 1:
@@ -117,9 +127,11 @@ class Tuner:
         if not 0.0 <= top_frac <= 1.0:
             raise ValueError(f"top_frac must be between 0 and 1, got {top_frac}")
         if measurer is None:
-            from .measure import measure_candidate
+            from . import measure
 
-            measurer = functools.partial(measure_candidate, brief=mode == "fast")
+            measurer = functools.partial(measure.measure_candidate, brief=mode == "fast")
+            in_turns = in_turns or functools.partial(measure.in_turns, brief=mode == "fast")
+        self.in_turns = in_turns
         self.db, self.device, self.measurer, self.mode, self.top_k = db, device_spec, measurer, mode, top_k
         self._bounded = _takes_bound(measurer)
         self.top_frac = top_frac
@@ -207,6 +219,8 @@ class Tuner:
                 if bound is not None and seconds > bound:
                     cut.append(i)
 
+        self._finalists_in_turns(cands, rows)
+
         def rank():  # fastest measured first; with no measurements, the model's order
             return sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) \
                 if to_measure else order
@@ -241,6 +255,24 @@ class Tuner:
                                f"({problem.m}x{problem.k}, n={problem.n}): {errors or 'none was measured'}")
         c = cands[chosen]
         return Choice(c.backend, c.config, best["predicted"], best["seconds"])
+
+    def _finalists_in_turns(self, cands: list[Candidate], rows: dict) -> None:
+        """Long calls: the fastest few measured, within FINAL_MARGIN of the best, timed again in
+        turns; their rows then hold those times (the separate ones stand if that fails)."""
+        timed = sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"])
+        if self.in_turns is None or len(timed) < 2 or rows[timed[0]]["seconds"] < GRAPH_BELOW_S:
+            return
+        best = rows[timed[0]]["seconds"]
+        finalists = [i for i in timed[:FINALISTS] if rows[i]["seconds"] <= FINAL_MARGIN * best]
+        if len(finalists) < 2:
+            return
+        try:
+            seconds = [float(t) for t in self.in_turns([cands[i] for i in finalists])]
+        except Exception:  # noqa: BLE001 (a candidate that ran alone and fails in turns: keep the first times)
+            return
+        if len(seconds) == len(finalists) and all(t > 0 and math.isfinite(t) for t in seconds):
+            for i, t in zip(finalists, seconds):
+                rows[i]["seconds"] = t
 
     def _measure(self, c: Candidate, cfg, predicted: float, bound: float | None = None) -> dict:
         row = {"backend": c.backend, "config": cfg, "predicted": predicted, "seconds": None, "error": None}

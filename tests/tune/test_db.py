@@ -99,7 +99,7 @@ def test_default_versions_name_the_installed_stack(path):
     import torch
 
     assert versions["torch"] == torch.__version__ and versions["triton"] and versions["spartune"]
-    assert versions["measure"] == "cold-replay-paired-v2"  # entries timed another way are not reused
+    assert versions["measure"] == "cold-replay-paired-v3"  # entries timed another way are not reused
 
 
 # --- several processes -----------------------------------------------------------------------------

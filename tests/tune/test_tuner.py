@@ -146,6 +146,41 @@ def test_the_default_measurer_is_brief_in_fast_mode_only():
     assert Tuner(None, H100, mode="exhaustive").measurer.keywords == {"brief": False}
 
 
+def test_the_finalists_of_long_calls_are_ranked_in_turns(tmp_path):
+    """Long calls run at the power cap: the fastest few within 15% of the best are timed again in
+    turns, and that timing decides (and is what the DB keeps)."""
+    cands, m = space(measured={0: 1.00e-3, 1: 1.05e-3, 2: 1.10e-3, 3: 1.30e-3, "dense": 1.5e-3})
+    asked = []
+
+    def in_turns(cs):
+        asked.append([c.config for c in cs])
+        return [{16: 1.25e-3, 32: 1.0e-3, 48: 1.2e-3}[c.config.bn] for c in cs]
+
+    db = TuningDB(tmp_path / "t.sqlite", VERSIONS)
+    choice = Tuner(db, H100, measurer=m, top_k=4, in_turns=in_turns).pick(problem(), cands)
+    assert asked == [[Cfg(bn=16), Cfg(bn=32), Cfg(bn=48)]]  # bn=64 is past 15%, dense too
+    assert choice.config == Cfg(bn=32) and choice.measured == 1.0e-3
+    stored = {r["config"]["fields"]["bn"]: r["seconds"] for r in db.results() if r["config"]}
+    assert stored[16] == 1.25e-3 and stored[64] == 1.30e-3
+
+
+def test_short_calls_and_failed_turns_keep_the_separate_timings():
+    asked = []
+
+    def in_turns(cs):
+        asked.append(len(cs))
+        raise RuntimeError("a finalist failed in turns")
+
+    cands, m = space(measured={2: 0.5e-6})  # microseconds: no turns
+    assert Tuner(None, H100, measurer=m, in_turns=in_turns).pick(problem(), cands).config == Cfg(bn=48)
+    assert asked == []
+    cands, m = space(measured={0: 1.0e-3, 1: 1.01e-3, 2: 2e-3, 3: 2e-3, "dense": 2e-3})
+    choice = Tuner(None, H100, measurer=m, in_turns=in_turns).pick(problem(), cands)
+    assert asked == [2] and choice.config == Cfg(bn=16) and choice.measured == 1.0e-3
+    # a custom measurer without in_turns: none
+    assert Tuner(None, H100, measurer=m).in_turns is None and Tuner(None, H100).in_turns is not None
+
+
 def test_a_failed_winner_brings_back_what_was_skipped_against_it():
     """The fastest fails its check: a library skipped for its floor, or cut short at the bound,
     is timed in full and may win."""
