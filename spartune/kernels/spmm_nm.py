@@ -57,6 +57,10 @@ class Config:
     # columns' products, but x by TMA, shared by every row block, instead of gathered per V rows
     # (at V = 64 the gather's L2 traffic bounds it: LOG, session 16)
     as_24: bool = False
+    # mma, V:N:M on the ring, linear layout, few tokens: x's rows staged whole in shared memory
+    # once per CTA, each chunk's kept columns read from there (GATHER 3) instead of from an x^T
+    # copy, a second launch that costs a fifth of a decode call (LOG, session 17)
+    x_whole: bool = False
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -136,15 +140,21 @@ def space(problem: Problem) -> list[Config]:
     return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])] + as_24
 
 
-def _mma_smem_bytes(config: Config, vnm: bool) -> int:
-    """The mma variant's shared memory: V:N:M on the ring stages x^T rows in a k-major tile."""
-    return _smem_bytes(config, 2 if vnm and mma_gather(config) == 2 else 1)
+def _mma_smem_bytes(config: Config, vnm: bool, n: int = 0, k: int = 0) -> int:
+    """The mma variant's shared memory: V:N:M on the ring stages x^T rows in a k-major tile;
+    x_whole adds x's rows (n tokens at most, k columns rounded up to 8) behind the ring."""
+    ring = _smem_bytes(config, 2 if vnm and mma_gather(config) >= 2 else 1)
+    return ring + (_x_rows_bytes(config, n, k) if config.x_whole else 0)
+
+
+def _x_rows_bytes(config: Config, n: int, k: int) -> int:
+    return min(config.bn, n) * -(-k // 8) * 8 * 2
 
 
 def mma_gather(config: Config) -> int:
     """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x^T rows by the cp.async ring (2),
-    or x element by element (1)."""
-    return 2 if config.stages >= 3 else 1
+    x's rows staged whole for the ring (3), or x element by element (1)."""
+    return 3 if config.x_whole else 2 if config.stages >= 3 else 1
 
 
 def wgmma_boxes(config: Config, v: int) -> int:
@@ -197,9 +207,12 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                 ring = bn <= 16 and (gather or problem.layout == "linear" and problem.k % 8 == 0)
                 for stages in (2, 3) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
-                    smem = _mma_smem_bytes(cfg, gather)
-                    if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
-                        out.append(cfg)
+                    # V:N:M in the linear layout: the ring also with x's rows whole (no x^T copy)
+                    whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)
+                    for cfg in (dataclasses.replace(cfg, x_whole=w) for w in whole):
+                        smem = _mma_smem_bytes(cfg, gather, problem.n, problem.k)
+                        if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
+                            out.append(cfg)
     return out
 
 
@@ -236,7 +249,9 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     if not ring:
         regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
     steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
-    copy_bytes = 2 * x_bytes if vnm and ring and problem.layout == "linear" else 0  # the x^T copy
+    copy_bytes = 2 * x_bytes if vnm and ring and problem.layout == "linear" and not config.x_whole else 0  # x^T
+    if config.x_whole:  # each CTA reads its tokens' rows of x whole
+        x_l2 += tiles * _x_rows_bytes(config, problem.n, problem.k)
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
@@ -246,7 +261,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         l2_bytes=a_l2 + x_l2 + y_bytes + copy_bytes,
         steps_max=steps,
         steps_mean=float(steps),
-        smem_bytes=_mma_smem_bytes(config, vnm is not None),
+        smem_bytes=_mma_smem_bytes(config, vnm is not None, problem.n, problem.k),
         num_warps=config.num_warps,
         num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
@@ -500,6 +515,8 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
+    if config.x_whole and not (vnm and config.stages >= 3):
+        raise ValueError(f"x_whole runs V:N:M on the cp.async ring (stages >= 3), got {config}")
     x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
     if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
         config = dataclasses.replace(config, stages=2)
@@ -509,12 +526,16 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     if vnm:
         K = kt * 32  # the kept columns, read through the map
     sxn, sxk = x.stride(0), x.stride(1)
+    kx = x.shape[1]
     if gather == 2:  # rows of x^T: its row pitch, and the tokens readable per row in sxn
         x, sxk, sxn = _tokens_major(x)
+    if gather == 3:  # x's rows staged by 16-byte copies where they are aligned
+        x_vec = int(sxk == 1 and (sxn % 8 == 0 or N == 1) and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
     grid = (math.ceil(N / config.bn), math.ceil(mt * 16 / config.bm), 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, sxn, sxk, x_vec, *rest, shmem=_mma_smem_bytes(config, vnm) if config.stages >= 3 else 0)
+           kt, sxn, sxk, x_vec, kx, *rest,
+           shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0)
 
 
 _NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand

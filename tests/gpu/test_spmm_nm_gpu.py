@@ -334,8 +334,8 @@ def test_vnm_odd_shapes_and_epilogue(dtype, M, Kd, N):
     bias = torch.randn(M, device="cuda", dtype=dtype)
     res = torch.randn(N, M, device="cuda", dtype=dtype)
     configs = K.space(problem(A, N))
-    ring = [c for c in configs if c.stages >= 3][:1]  # x^T rows through the cp.async ring
-    assert ring
+    # the cp.async ring: x^T rows, and x's rows staged whole (x_whole)
+    ring = [next(c for c in configs if c.stages >= 3 and c.x_whole == w) for w in (False, True)]
     for cfg in {configs[0], configs[-1], *ring}:
         out = run(A, x, cfg, bias=bias, residual=res, activation="silu")
         assert not out.isnan().any(), cfg
@@ -354,6 +354,7 @@ def test_vnm_through_linear_and_graph_capture():
     configs = K.space(problem(A, 16))
     check_graph_replay(A, w, x, configs[0])
     check_graph_replay(A, w, x, next(c for c in configs if c.stages >= 3))  # (its x^T copy captured too)
+    check_graph_replay(A, w, x, next(c for c in configs if c.x_whole))
 
 
 # ---- V:N:M on the wgmma variant (Hopper): x^T's kept rows gathered by cp.async ----

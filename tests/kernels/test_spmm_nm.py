@@ -250,7 +250,7 @@ def test_instances_are_what_each_config_loads():
             (inst,) = K.instances(prob, c)
             defines = dict(inst.defines)
             gather = 0 if pattern == "2:4" or c.as_24 else K.wgmma_boxes(c, A.v) if c.variant == "wgmma" \
-                else 2 if c.stages >= 3 else 1
+                else 3 if c.x_whole else 2 if c.stages >= 3 else 1
             assert defines["GATHER"] == gather and defines["SPARTUNE_BF16"] == (dtype == "bfloat16")
             assert inst == K._instance(c, getattr(torch, dtype), gather)
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
@@ -276,11 +276,30 @@ def test_vnm_decode_takes_the_ring_with_rows_of_x_transposed():
     for layout in ("linear", "spmm"):
         prob = Problem("linear", A.signature, 4096, 4100, 16, "float16", A.stats(), device="H100 sm_90", layout=layout)
         ring = [c for c in K.space(prob) if c.stages >= 3]
-        assert ring and all(c.bn <= 16 and 64 % c.bm == 0 and K.mma_gather(c) == 2 for c in ring)
+        assert ring and all(c.bn <= 16 and 64 % c.bm == 0 and K.mma_gather(c) == (3 if c.x_whole else 2) for c in ring)
+        assert any(c.x_whole for c in ring) == (layout == "linear")  # (spmm's X is x^T already: no copy to spare)
     cfg = K.Config(32, 16, 4, 2, 4, stages=3)
     kc, frags = 32 * 4 * 2, 4 * 1 * 4 * 32  # K per chunk; A fragments: warps x (bm / 16 / warps_m) x ksteps x lanes
     assert K._smem_bytes(cfg, 2) == 3 * (kc * 24 * 2 + frags * 20)
     assert K._smem_bytes(cfg, 1) == 3 * (16 * (kc + 8) * 2 + frags * 20)
+
+
+def test_x_whole_stages_the_tokens_rows_behind_the_ring_and_spares_the_copy():
+    """x_whole (GATHER 3): shared memory = the ring + min(bn, N) rows of K rounded up to 8 halves;
+    the model counts no x^T copy but each CTA's read of its rows; too large a K leaves it out."""
+    A = st.sparsify_weight(torch.randn(256, 256), "64:2:8")
+    cfg = K.Config(32, 8, 4, 2, 4, stages=3)
+    whole = dataclasses.replace(cfg, x_whole=True)
+    assert K._mma_smem_bytes(whole, True, 1, 4100) == K._smem_bytes(cfg, 2) + 1 * 4104 * 2
+    assert K._mma_smem_bytes(whole, True, 37, 4100) == K._smem_bytes(cfg, 2) + 8 * 4104 * 2
+    prob = Problem("linear", A.signature, 4096, 4100, 1, "float16", A.stats(), device="H100 sm_90")
+    f, fw = K.features(prob, cfg), K.features(prob, whole)
+    x_bytes = 4100 * 2
+    assert f.dram_bytes - fw.dram_bytes == 2 * x_bytes  # the copy's write and read
+    assert fw.l2_bytes - f.l2_bytes == 4096 // 32 * 4104 * 2 - 2 * x_bytes  # 128 CTAs read x's row
+    assert whole in K.space(prob) and dict(K.instances(prob, whole)[0].defines)["GATHER"] == 3
+    wide = Problem("linear", A.signature, 4096, 60000, 16, "float16", A.stats(), device="H100 sm_90")
+    assert not any(c.x_whole and c.bn == 16 for c in K.space(wide))  # 16 rows of 60000: past the ring's budget
 
 
 def test_compile_space_rejects_bad_input():

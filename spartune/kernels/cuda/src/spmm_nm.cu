@@ -14,12 +14,14 @@
 // more of the weight is in flight per warp without registers to hold it (decode's limit).
 // V:N:M takes the ring too (GATHER 2): x is then read as x^T (K rows, tokens contiguous), where a
 // kept column's tokens are one 16-byte row per 8 tokens, copied by cp.async into a k-major tile
-// that ldmatrix.trans turns into the same B fragments.
+// that ldmatrix.trans turns into the same B fragments. GATHER 3, for a few tokens: x's rows are
+// staged whole in shared memory once per CTA (behind the ring) and each chunk's k-major tile is
+// filled from there, so no x^T copy (a second launch, at decode a fifth of the call) is needed.
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
 //   GATHER  0 for 2:4; V:N:M: 1 (x gathered element by element through col_map), 2 (rows of
-//           x^T through col_map, PIPE only)
+//           x^T through col_map, PIPE only), 3 (x's rows staged whole, PIPE only)
 //   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
 //           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
@@ -51,7 +53,7 @@ constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
 // GATHER 2's k-major tile: rows of BN tokens at an odd number of 16-byte units, so the 8 rows
 // an ldmatrix.trans reads fall in 8 different bank groups
 constexpr int XT_STRIDE = ((BN / 8) | 1) * 8;
-constexpr int XS_BYTES = GATHER == 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
+constexpr int XS_BYTES = GATHER >= 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
 constexpr int XG = (BN * KC + THREADS - 1) / THREADS;  // gathered x elements per thread and chunk
 constexpr bool XG_REGS = GATHER && XG <= 16;            // prefetched into registers when few
 constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * (BM / 16 / WARPS_M) * (BN / 8 / WARPS_N) * 4 * 32 * 4;
@@ -60,7 +62,7 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #define PIPE 0
 #endif
 static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2, with at least 3 stages");
-static_assert((GATHER == 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 is the ring's V:N:M");
+static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
 constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
 constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
 constexpr int PIPE_BYTES = PIPE * STAGE_BYTES > RED_BYTES ? PIPE * STAGE_BYTES : RED_BYTES;
@@ -98,14 +100,15 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 // a_values: (Mt, Kt, 32, 8) halves as uint4 per lane; a_meta: (Mt, Kt, 16) words, those of lanes
 // 4g and 4g + 1 (sparse_mma.py; selector 0 reads no other lane's).
 // x: (N, K) at strides (sxn, sxk) (GATHER 2: x^T, K rows at pitch sxk, tokens contiguous and sxn
-// of them readable per row, a multiple of 8); x_vec: 1 when sxk == 1, sxn % 8 == 0, x is 16-byte aligned
-// and nothing is gathered (chunks then move as 16-byte vectors). col_map: null (2:4), or int32
+// of them readable per row, a multiple of 8; GATHER 3: x (N, kx), staged in rows of kx rounded up
+// to 8 after the ring's PIPE_BYTES); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte aligned
+// (GATHER 0: chunks then move as 16-byte vectors; 3: so do the staged rows). col_map: null (2:4), or int32
 // (row blocks, Kt * 32) for V:N:M, BM dividing map_rows. bias (M,) / residual (N, M) may be null.
 extern "C" __global__ void __launch_bounds__(THREADS)
     spmm_nm(const uint4* __restrict__ a_values, const unsigned* __restrict__ a_meta,
             const unsigned short* __restrict__ x, void* __restrict__ out, const void* __restrict__ bias,
             const void* __restrict__ residual, const int* __restrict__ col_map, int map_rows, int M, int K, int N,
-            int Mt, int Kt, int sxn, int sxk, int x_vec,
+            int Mt, int Kt, int sxn, int sxk, int x_vec, int kx,
             int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
 #if PIPE
   extern __shared__ __align__(16) unsigned char smem[];  // PIPE_BYTES
@@ -214,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
       for (int j = 0; j < WN; ++j) {
         // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
         unsigned b[4];
-#if GATHER == 2
+#if GATHER >= 2
         ldmatrix_x4_trans(b, xs + (ks * 32 + (lane >> 3) * 8 + (lane & 7)) * XT_STRIDE + (warp_n * WN + j) * 8);
 #else
         const int row = (warp_n * WN + j) * 8 + (lane & 7);
@@ -239,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   auto a_ok = [&](int chunk, int i, int s) {
     return mt0 + i < Mt && chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k < Kt;
   };
-#if GATHER == 2
+#if GATHER >= 2
   // the map entries of the next chunk issue() copies, loaded one chunk ahead: a load that issue()
   // waited on stalled every chunk by an L2 round trip
   int next_col[XV];
@@ -252,10 +255,27 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   };
   load_cols(0);
 #endif
-  auto issue = [&](int chunk) {
-    unsigned char* base = stage_base(chunk % PIPE);
-    unsigned short* xs_s = reinterpret_cast<unsigned short*>(base);
-    const int k0 = chunk * KC;
+#if GATHER == 3
+  // x's rows n_cta .. n_cta + x_rows - 1, whole, behind the ring (rows of xwp halves)
+  unsigned short* xw = reinterpret_cast<unsigned short*>(smem + PIPE_BYTES);
+  const int x_rows = min(BN, N - n_cta), xwp = (kx + 7) & ~7;
+  auto stage_xw = [&]() {
+    if (x_vec) {
+      const int vecs = xwp / 8;
+      for (int v = tid; v < x_rows * vecs; v += THREADS) {
+        const int t = v / vecs, k = (v % vecs) * 8;
+        cp_async16(xw + t * xwp + k, x + (long long)(n_cta + t) * sxn + k, min(8, kx - k) * 2);
+      }
+    } else {
+      for (int e = tid; e < x_rows * kx; e += THREADS) {
+        const int t = e / kx, k = e % kx;
+        xw[t * xwp + k] = x[(long long)(n_cta + t) * sxn + (long long)k * sxk];
+      }
+    }
+  };
+#endif
+  auto issue_x = [&](int chunk) {
+    unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(chunk % PIPE));
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS;
@@ -265,17 +285,28 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         const int col = next_col[q];
         const bool in = col >= 0 && n_cta + t8 < sxn;
         cp_async16(xs_s + kk * XT_STRIDE + t8, in ? x + (long long)col * sxk + n_cta + t8 : x, in ? 16 : 0);
+#elif GATHER == 3  // the same 8 tokens from the staged rows (zeros past them)
+        const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
+        const int col = next_col[q];
+        unsigned h[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = col >= 0 && t8 + i < x_rows ? xw[(t8 + i) * xwp + col] : 0u;
+        *reinterpret_cast<uint4*>(xs_s + kk * XT_STRIDE + t8) =
+            make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
 #else
-        const int n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
+        const int k0 = chunk * KC, n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
         const bool in = n_cta + n < N && k0 + kk < K;
         const int bytes = !in ? 0 : K - k0 - kk >= 8 ? 16 : 2 * (K - k0 - kk);  // the K tail zero-filled
         cp_async16(xs_s + n * XS_STRIDE + kk, in ? x + (long long)(n_cta + n) * sxn + k0 + kk : x, bytes);
 #endif
       }
     }
-#if GATHER == 2
+#if GATHER >= 2
     load_cols(chunk + 1);
 #endif
+  };
+  auto issue_a = [&](int chunk) {
+    unsigned char* base = stage_base(chunk % PIPE);
     uint4* av_s = reinterpret_cast<uint4*>(base + XS_BYTES);
     unsigned* am_s = reinterpret_cast<unsigned*>(base + XS_BYTES + A_FRAGS * 16);
 #pragma unroll
@@ -288,11 +319,32 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         cp_async4(am_s + frag(i, s), a_meta + at * 16 + 2 * (lane >> 2) + (lane & 1), ok ? 4 : 0);
       }
   };
+  auto issue = [&](int chunk) {
+    issue_x(chunk);
+    issue_a(chunk);
+  };
+#if GATHER == 3
+  // x's rows first (the oldest group), the first chunks' A behind them; the chunks' x tiles are
+  // filled once the rows have landed
+  stage_xw();
+  cp_async_commit();
+#pragma unroll
+  for (int p = 0; p < PIPE - 1; ++p) {
+    if (p < chunks) issue_a(p);
+    cp_async_commit();
+  }
+  cp_async_wait<PIPE - 1>();
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < PIPE - 1; ++p)
+    if (p < chunks) issue_x(p);
+#else
 #pragma unroll
   for (int p = 0; p < PIPE - 1; ++p) {
     if (p < chunks) issue(p);
     cp_async_commit();
   }
+#endif
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<PIPE - 2>();  // chunk c has landed (this thread's copies) ...
     __syncthreads();            // ... everyone's; and the stage refilled next is free
