@@ -36,6 +36,7 @@ from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
 SMEM_BYTES = 48 * 1024  # static shared memory: the x tile must fit without opting in
+MAX_GRID_Y = 65535  # the mma variant's row blocks (its grid's y)
 PIPE_SMEM = 112 * 1024  # the cp.async ring's dynamic shared memory: two CTAs per SM at most
 
 
@@ -48,7 +49,7 @@ class Config:
     ksteps: int = 4  # mma: 32-wide K steps per warp and staged chunk of x
     variant: str = "mma"  # "mma" (mma.sp.sync, sm_80+) | "wgmma" (wgmma.sp + TMA, sm_90a)
     # wgmma: shared-memory stages of the pipeline (64 of K each); mma: 2 = the next chunk
-    # prefetched into registers, >= 3 = a cp.async ring of that many shared-memory stages (2:4)
+    # prefetched into registers, >= 3 = a cp.async ring of that many shared-memory stages
     stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
     cluster_m: int = 1  # wgmma, 2:4: CTAs of a cluster (adjacent row blocks) multicasting each x box
@@ -154,7 +155,7 @@ def _x_rows_bytes(config: Config, n: int, k: int) -> int:
 def mma_gather(config: Config) -> int:
     """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x^T rows by the cp.async ring (2),
     x's rows staged whole for the ring (3), or x element by element (1)."""
-    return 3 if config.x_whole else 2 if config.stages >= 3 else 1
+    return (3 if config.x_whole else 2) if config.stages >= 3 else 1
 
 
 def wgmma_boxes(config: Config, v: int) -> int:
@@ -211,7 +212,8 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                     whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)
                     for cfg in (dataclasses.replace(cfg, x_whole=w) for w in whole):
                         smem = _mma_smem_bytes(cfg, gather, problem.n, problem.k)
-                        if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM):
+                        if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) \
+                                and math.ceil(problem.m / bm) <= MAX_GRID_Y:
                             out.append(cfg)
     return out
 
@@ -250,8 +252,8 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
     steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
     copy_bytes = 2 * x_bytes if vnm and ring and problem.layout == "linear" and not config.x_whole else 0  # x^T
-    if config.x_whole:  # each CTA reads its tokens' rows of x whole
-        x_l2 += tiles * _x_rows_bytes(config, problem.n, problem.k)
+    if config.x_whole:  # each CTA reads its tokens' rows of x whole (the chunks' tiles come from them)
+        x_l2 = tiles * _x_rows_bytes(config, problem.n, problem.k)
     return KernelFeatures(
         programs=tiles,
         tiles=tiles,
@@ -265,6 +267,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         num_warps=config.num_warps,
         num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
+        launches=2 if copy_bytes else 1,  # the x^T copy is a kernel of its own
     )
 
 
@@ -515,6 +518,9 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
+    if math.ceil(mt * 16 / config.bm) > MAX_GRID_Y:
+        raise ValueError(f"{config}: {math.ceil(mt * 16 / config.bm)} row blocks of {config.bm}, past the grid's "
+                         f"{MAX_GRID_Y}: a larger bm")
     if config.x_whole and not (vnm and config.stages >= 3):
         raise ValueError(f"x_whole runs V:N:M on the cp.async ring (stages >= 3), got {config}")
     x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)

@@ -112,10 +112,12 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
     """Seconds per call of each of `fns` (medians), timed in turns, the order rotating each round,
     the L2 evicted before every call; and under "ratio:<name>" the median over rounds of the first
     fn's time over <name>'s. Why: a long GEMM runs the H100 at its 700 W cap, where the clock
-    (1.0-1.3 GHz) follows the board's recent load, so two kernels timed apart differ by up to ~8%
-    for that alone (benchmarks/LOG.md, session 16); in turns both meet the same states. For calls
-    of ~100 us and more: the events of every round are read at the end, so the host keeps the
-    GPU's queue ahead and its launch time stays out."""
+    (1.0-1.3 GHz) follows the board's recent load, so two kernels timed apart differ by up to ~15%
+    for that alone (benchmarks/LOG.md, sessions 16-17); in turns both meet the same states.
+    idle_cycles > 0: the GPU idles that long (a sleeping kernel, outside the timed events) before
+    each call's eviction write, so every call starts from about the same cool state, the most
+    repeatable of the two. For calls of ~100 us and more: the events are read at the end, so the
+    host keeps the GPU's queue ahead and its launch time stays out."""
     import statistics
 
     import torch

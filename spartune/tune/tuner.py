@@ -258,7 +258,9 @@ class Tuner:
 
     def _finalists_in_turns(self, cands: list[Candidate], rows: dict) -> None:
         """Long calls: the fastest few measured, within FINAL_MARGIN of the best, timed again in
-        turns; their rows then hold those times (the separate ones stand if that fails)."""
+        turns, which reorders them; their rows then hold the turns' times scaled so that the
+        fastest keeps its separate time (the board's state in turns moves every time alike, and
+        the rest were timed separately: one scale for all). The separate times stand if that fails."""
         timed = sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"])
         if self.in_turns is None or len(timed) < 2 or rows[timed[0]]["seconds"] < GRAPH_BELOW_S:
             return
@@ -271,8 +273,9 @@ class Tuner:
         except Exception:  # noqa: BLE001 (a candidate that ran alone and fails in turns: keep the first times)
             return
         if len(seconds) == len(finalists) and all(t > 0 and math.isfinite(t) for t in seconds):
+            scale = best / min(seconds)
             for i, t in zip(finalists, seconds):
-                rows[i]["seconds"] = t
+                rows[i]["seconds"] = t * scale
 
     def _measure(self, c: Candidate, cfg, predicted: float, bound: float | None = None) -> dict:
         row = {"backend": c.backend, "config": cfg, "predicted": predicted, "seconds": None, "error": None}

@@ -335,7 +335,8 @@ def test_vnm_odd_shapes_and_epilogue(dtype, M, Kd, N):
     res = torch.randn(N, M, device="cuda", dtype=dtype)
     configs = K.space(problem(A, N))
     # the cp.async ring: x^T rows, and x's rows staged whole (x_whole)
-    ring = [next(c for c in configs if c.stages >= 3 and c.x_whole == w) for w in (False, True)]
+    ring = [next((c for c in configs if c.stages >= 3 and c.x_whole == w), f"no ring config, x_whole={w}")
+            for w in (False, True)]
     for cfg in {configs[0], configs[-1], *ring}:
         out = run(A, x, cfg, bias=bias, residual=res, activation="silu")
         assert not out.isnan().any(), cfg

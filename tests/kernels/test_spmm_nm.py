@@ -296,10 +296,13 @@ def test_x_whole_stages_the_tokens_rows_behind_the_ring_and_spares_the_copy():
     f, fw = K.features(prob, cfg), K.features(prob, whole)
     x_bytes = 4100 * 2
     assert f.dram_bytes - fw.dram_bytes == 2 * x_bytes  # the copy's write and read
-    assert fw.l2_bytes - f.l2_bytes == 4096 // 32 * 4104 * 2 - 2 * x_bytes  # 128 CTAs read x's row
+    chunk_tiles = 4096 // 32 * cfg.bn * 2080 * 2  # GATHER 2: each CTA reads x^T rows of the 2052 kept columns (65 K steps)
+    assert fw.l2_bytes - f.l2_bytes == 4096 // 32 * 4104 * 2 - chunk_tiles - 2 * x_bytes  # 128 CTAs read x's row
+    assert (f.launches, fw.launches) == (2, 1)  # the x^T copy is a kernel of its own
     assert whole in K.space(prob) and dict(K.instances(prob, whole)[0].defines)["GATHER"] == 3
     wide = Problem("linear", A.signature, 4096, 60000, 16, "float16", A.stats(), device="H100 sm_90")
-    assert not any(c.x_whole and c.bn == 16 for c in K.space(wide))  # 16 rows of 60000: past the ring's budget
+    assert not any(c.x_whole for c in K.space(wide))  # 8 or 16 rows of 60000 halves: past the ring's budget
+    assert K.mma_gather(dataclasses.replace(whole, stages=2)) == 1  # (the launch refuses x_whole off the ring)
 
 
 def test_compile_space_rejects_bad_input():

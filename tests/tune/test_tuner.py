@@ -148,7 +148,8 @@ def test_the_default_measurer_is_brief_in_fast_mode_only():
 
 def test_the_finalists_of_long_calls_are_ranked_in_turns(tmp_path):
     """Long calls run at the power cap: the fastest few within 15% of the best are timed again in
-    turns, and that timing decides (and is what the DB keeps)."""
+    turns, and that order decides; the DB keeps the turns' times scaled so that the fastest
+    finalist keeps its separate time."""
     cands, m = space(measured={0: 1.00e-3, 1: 1.05e-3, 2: 1.10e-3, 3: 1.30e-3, "dense": 1.5e-3})
     asked = []
 
@@ -159,9 +160,18 @@ def test_the_finalists_of_long_calls_are_ranked_in_turns(tmp_path):
     db = TuningDB(tmp_path / "t.sqlite", VERSIONS)
     choice = Tuner(db, H100, measurer=m, top_k=4, in_turns=in_turns).pick(problem(), cands)
     assert asked == [[Cfg(bn=16), Cfg(bn=32), Cfg(bn=48)]]  # bn=64 is past 15%, dense too
-    assert choice.config == Cfg(bn=32) and choice.measured == 1.0e-3
+    assert choice.config == Cfg(bn=32) and choice.measured == pytest.approx(1.0e-3)
     stored = {r["config"]["fields"]["bn"]: r["seconds"] for r in db.results() if r["config"]}
-    assert stored[16] == 1.25e-3 and stored[64] == 1.30e-3
+    assert stored[16] == pytest.approx(1.25e-3) and stored[64] == 1.30e-3
+
+
+def test_times_in_turns_are_scaled_to_the_separate_ones():
+    """The board is hotter in turns: every finalist's time there may be longer than any separate
+    one, and a candidate outside the finalists must not win by that alone."""
+    cands, m = space(measured={0: 1.00e-3, 1: 1.02e-3, 2: 1.05e-3, 3: 1.12e-3, "dense": 2e-3})
+    in_turns = lambda cs: [{16: 1.26e-3, 32: 1.20e-3, 48: 1.23e-3}[c.config.bn] for c in cs]  # noqa: E731
+    choice = Tuner(None, H100, measurer=m, top_k=4, in_turns=in_turns).pick(problem(), cands)
+    assert choice.config == Cfg(bn=32) and choice.measured == pytest.approx(1.00e-3)
 
 
 def test_short_calls_and_failed_turns_keep_the_separate_timings():

@@ -48,9 +48,9 @@ constexpr int THREADS = WARPS * 32;
 constexpr int XVECS = BN * KC / 8;                     // 16-byte vectors of a chunk's x tile
 constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
 #ifndef GATHER
-#define GATHER 0  // 1, 2: V:N:M, x read through col_map
+#define GATHER 0  // 1, 2, 3: V:N:M, x read through col_map
 #endif
-// GATHER 2's k-major tile: rows of BN tokens at an odd number of 16-byte units, so the 8 rows
+// GATHER 2 and 3's k-major tile: rows of BN tokens at an odd number of 16-byte units, so the 8 rows
 // an ldmatrix.trans reads fall in 8 different bank groups
 constexpr int XT_STRIDE = ((BN / 8) | 1) * 8;
 constexpr int XS_BYTES = GATHER >= 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
@@ -61,7 +61,7 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #ifndef PIPE
 #define PIPE 0
 #endif
-static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2, with at least 3 stages");
+static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 or 3, with at least 3 stages");
 static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
 constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
 constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
@@ -234,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
   const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
 #if PIPE
-  // stage st: [x chunk (BN rows of XS_STRIDE halves; GATHER 2: KC rows of XT_STRIDE)][A values:
+  // stage st: [x chunk (BN rows of XS_STRIDE halves; GATHER 2, 3: KC rows of XT_STRIDE)][A values:
   // A_FRAGS uint4][metadata: A_FRAGS words],
   // each warp's fragments at (warp, i, s, lane)
   auto stage_base = [&](int st) { return smem + st * STAGE_BYTES; };
@@ -280,14 +280,14 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS;
       if (v < XVECS) {
-#if GATHER == 2  // kept column k0 + kk of the block: 8 tokens of its x^T row (padding: -1, zeros)
+#if GATHER >= 2  // kept column k0 + kk of the block, 8 tokens (padding: column -1, zeros)
         const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
         const int col = next_col[q];
+#endif
+#if GATHER == 2  // from its x^T row
         const bool in = col >= 0 && n_cta + t8 < sxn;
         cp_async16(xs_s + kk * XT_STRIDE + t8, in ? x + (long long)col * sxk + n_cta + t8 : x, in ? 16 : 0);
-#elif GATHER == 3  // the same 8 tokens from the staged rows (zeros past them)
-        const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
-        const int col = next_col[q];
+#elif GATHER == 3  // from the staged rows (zeros past them)
         unsigned h[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) h[i] = col >= 0 && t8 + i < x_rows ? xw[(t8 + i) * xwp + col] : 0u;
@@ -319,9 +319,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         cp_async4(am_s + frag(i, s), a_meta + at * 16 + 2 * (lane >> 2) + (lane & 1), ok ? 4 : 0);
       }
   };
-  auto issue = [&](int chunk) {
-    issue_x(chunk);
+  auto issue = [&](int chunk) {  // (GATHER 3: A's copies first, then the tile's fill from shared memory)
+    if (GATHER != 3) issue_x(chunk);
     issue_a(chunk);
+    if (GATHER == 3) issue_x(chunk);
   };
 #if GATHER == 3
   // x's rows first (the oldest group), the first chunks' A behind them; the chunks' x tiles are
