@@ -221,7 +221,10 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
 # (bm, warps, warps_k) for narrow token tiles: few row tiles' worth of CTAs, so small BM and K
 # split over warps keep enough loads in flight (a 16-token tile's tokens split over two warps
 # never measured best: LOG, "2:4 decode at N = 16")
-_DECODE = [(16, 4, 4), (32, 4, 2), (32, 4, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4), (128, 4, 1), (128, 8, 2)]
+# (16, 8, 8) and (32, 8, 4): a short M (7B down: 4096 rows) needs 8 warps a CTA splitting K
+# (LOG, session 17: 2:4 N = 1 25.1 us against 25.6, 64:2:8 16.4 against 18.8)
+_DECODE = [(16, 4, 4), (16, 8, 8), (32, 4, 2), (32, 4, 4), (32, 8, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4),
+           (128, 4, 1), (128, 8, 2)]
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
