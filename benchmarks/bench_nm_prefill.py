@@ -165,7 +165,7 @@ def main():
         print(f"{r['shape']:<13}{r['N']:>5} {r['pattern']:>8} {d * 1e6:>9.1f} "
               f"{cs * 1e6 if cs else float('nan'):>8.1f} {o * 1e6:>8.1f} {tu * 1e6 if tu else float('nan'):>9.1f} "
               f"{r.get('copy_s', float('nan')) * 1e6:>8.1f} "
-              f"{p['ratio:ours']:>8.2f} {cs / o if cs else float('nan'):>7.2f} {p.get('ratio:tuned', float('nan')):>8.2f} "
+              f"{p['ratio:ours']:>8.2f} {p['ratio:ours'] / p['ratio:cusparselt'] if cs else float('nan'):>7.2f} {p.get('ratio:tuned', float('nan')):>8.2f} "
               f"{r['paired_idle'].get('ratio:tuned', r['paired_idle']['ratio:ours']):>7.2f} "
               f"{r['floor_s'] / o:>6.2f}  {r['ours_config']}")
     if any("first_use_s" in r for r in rows):
