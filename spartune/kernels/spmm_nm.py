@@ -521,9 +521,9 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    if math.ceil(mt * 16 / config.bm) > MAX_GRID_Y:
-        raise ValueError(f"{config}: {math.ceil(mt * 16 / config.bm)} row blocks of {config.bm}, past the grid's "
-                         f"{MAX_GRID_Y}: a larger bm")
+    row_blocks = -(-mt * 16 // config.bm)
+    if row_blocks > MAX_GRID_Y:
+        raise ValueError(f"{config}: {row_blocks} row blocks of {config.bm}, past the grid's {MAX_GRID_Y}: a larger bm")
     if config.x_whole and not (vnm and config.stages >= 3):
         raise ValueError(f"x_whole runs V:N:M on the cp.async ring (stages >= 3), got {config}")
     x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
@@ -541,7 +541,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     if gather == 3:  # x's rows staged by 16-byte copies where they are aligned
         x_vec = int(sxk == 1 and (sxn % 8 == 0 or N == 1) and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
-    grid = (math.ceil(N / config.bn), math.ceil(mt * 16 / config.bm), 1)
+    grid = (-(-N // config.bn), row_blocks, 1)
     kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
            kt, sxn, sxk, x_vec, kx, *rest,
            shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0)

@@ -122,6 +122,9 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
 
     import torch
 
+    if not fns or rounds < 1 or idle_cycles < 0:
+        raise ValueError(f"interleaved needs callables, rounds >= 1 and idle_cycles >= 0; got {len(fns)} callables, "
+                         f"rounds={rounds}, idle_cycles={idle_cycles}")
     evict = _evict_buffer()
     names = list(fns)
     for name in names:  # warm-up: compiles, lazy allocations, tuning

@@ -56,3 +56,11 @@ def test_interleaved_idles_before_each_call_when_asked(monkeypatch):
     assert sleeps == [7] * 6  # one idle per timed call, none for the warm-up
     assert abs(out["ratio:b"] - 0.25) < 1e-9
     assert measure.interleaved({"a": clock.call("a", 1e-4)}, rounds=2) and len(sleeps) == 6  # none by default
+
+
+def test_interleaved_refuses_nothing_to_time():
+    import pytest
+
+    for fns, rounds, idle in (({}, 3, 0), ({"a": lambda: None}, 0, 0), ({"a": lambda: None}, 3, -1)):
+        with pytest.raises(ValueError, match="interleaved needs"):
+            measure.interleaved(fns, rounds=rounds, idle_cycles=idle)
