@@ -52,7 +52,10 @@ class Config:
     # prefetched into registers, >= 3 = a cp.async ring of that many shared-memory stages
     stages: int = 2
     group_m: int = 8  # wgmma: tile order, groups of group_m row blocks (L2 reuse of x and A)
-    cluster_m: int = 1  # wgmma, 2:4: CTAs of a cluster (adjacent row blocks) multicasting each x box
+    # 2:4: CTAs of a cluster (adjacent row blocks, the same tokens) multicasting each x box (wgmma)
+    # or chunk (mma, the ring on sm_90: decode's small BM otherwise re-reads all of x per row
+    # block, LOG session 18)
+    cluster_m: int = 1
     # wgmma, V:N:M with M a multiple of 4: run the weight as 2:4 over all of K (its 2 nonzeros in
     # an M-column block leave at most 2 in each of the block's groups of 4): twice the kept
     # columns' products, but x by TMA, shared by every row block, instead of gathered per V rows
@@ -98,7 +101,8 @@ def _smem_bytes(config: Config, boxes: int = 1) -> int:
     if config.stages >= 3:  # each stage: the x chunk and every warp's A fragments (16 + 4 bytes a lane)
         wm, _ = _warp_grid(config)
         frags = config.num_warps * (config.bm // 16 // wm) * config.ksteps * 32
-        return max(config.stages * (x_tile + frags * 20), partial)
+        barriers = 8 * config.stages if config.cluster_m > 1 else 0  # a cluster's x chunks land on mbarriers
+        return max(config.stages * (x_tile + frags * 20), partial) + barriers
     return max(x_tile, partial)
 
 
@@ -193,6 +197,7 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
 
 def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
     n_cap = max(8, 1 << math.ceil(math.log2(max(problem.n, 1))))
+    hopper = problem.device.endswith("sm_90")  # clusters and bulk copies
     out = []
     for bn in (8, 16, 32, 64, 128):
         if bn > n_cap:
@@ -210,10 +215,12 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
                     # V:N:M in the linear layout: the ring also with x's rows whole (no x^T copy)
                     whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)
-                    for cfg in (dataclasses.replace(cfg, x_whole=w) for w in whole):
+                    # 2:4 on the ring with several tokens: clusters of 2 or 4 row blocks sharing x's chunks
+                    clusters = (1, 2, 4) if stages == 3 and not gather and problem.n > 1 and hopper else (1,)
+                    for cfg in (dataclasses.replace(cfg, x_whole=w, cluster_m=c) for w in whole for c in clusters):
                         smem = _mma_smem_bytes(cfg, gather, problem.n, problem.k)
                         if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) \
-                                and math.ceil(problem.m / bm) <= MAX_GRID_Y:
+                                and math.ceil(problem.m / (bm * cfg.cluster_m)) * cfg.cluster_m <= MAX_GRID_Y:
                             out.append(cfg)
     return out
 
@@ -235,16 +242,16 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     vnm = _vnm(problem.fmt)
     k_kept = problem.k if vnm is None else math.ceil(problem.k / vnm[1]) * 4
     kt = math.ceil(k_kept / 32)  # K of the 2:4 matrix (V:N:M: its kept columns)
-    row_tiles = math.ceil(mt * 16 / config.bm)
+    row_tiles = math.ceil(mt * 16 / (config.bm * config.cluster_m)) * config.cluster_m  # whole clusters
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
     k_pad = kt * 32
     a_bytes = mt * 16 * k_pad // 2 * elt + mt * kt * 16 * 4  # values + metadata words
     x_bytes = problem.n * problem.k * elt
     y_bytes = problem.n * problem.m * elt
-    # A is re-read once per token strip, x once per row tile, all through L2
+    # A is re-read once per token strip, x once per row tile (a cluster's tiles: once), all through L2
     a_l2 = strips * a_bytes
-    x_l2 = row_tiles * strips * config.bn * k_pad * elt
+    x_l2 = row_tiles // config.cluster_m * strips * config.bn * k_pad * elt
     wm, wn = _warp_grid(config)
     threads = 32 * config.num_warps
     # registers: accumulators, A fragments (two sets: the prefetch, unless the cp.async ring
@@ -489,11 +496,12 @@ def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0)
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
             "STAGES": config.stages, "GATHER": gather, **cluster}, arch_specific=True)
+    cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
         "WARPS": config.num_warps, "WARPS_K": config.warps_k, "KSTEPS": config.ksteps, "GATHER": int(gather),
         "SPARTUNE_ACT": act,
-        "PIPE": config.stages if config.stages >= 3 else 0})
+        "PIPE": config.stages if config.stages >= 3 else 0, **cluster}, arch_specific=config.cluster_m > 1)
 
 
 def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
@@ -521,14 +529,19 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    row_blocks = -(-mt * 16 // config.bm)
+    if config.cluster_m > 1 and (vnm or config.stages < 3 or torch.cuda.get_device_capability(x.device) < (9, 0)):
+        raise ValueError(f"an mma cluster shares 2:4's x chunks on the cp.async ring (stages >= 3) of sm_90, "
+                         f"got {config}")
+    x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
+        config = dataclasses.replace(config, stages=2, cluster_m=1)
+    if config.cluster_m > 1 and K % 8:  # (its bulk copies move whole 16-byte units of x's rows)
+        config = dataclasses.replace(config, cluster_m=1)
+    row_blocks = -(-mt * 16 // (config.bm * config.cluster_m)) * config.cluster_m  # whole clusters
     if row_blocks > MAX_GRID_Y:
         raise ValueError(f"{config}: {row_blocks} row blocks of {config.bm}, past the grid's {MAX_GRID_Y}: a larger bm")
     if config.x_whole and not (vnm and config.stages >= 3):
         raise ValueError(f"x_whole runs V:N:M on the cp.async ring (stages >= 3), got {config}")
-    x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
-    if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
-        config = dataclasses.replace(config, stages=2)
     gather = mma_gather(config) if vnm else 0
     kernel = _kernel(config, values.dtype, x.device, gather, epilogue[-2])  # (the activation's code)
     cols, map_rows = (column_map(A), A.v) if vnm else (NULL, 1)

@@ -259,6 +259,33 @@ def test_wgmma_odd_shapes(dtype, M, Kd, N):
 
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [7, 16, 19])
+def test_decode_clusters_every_config(dtype, N):
+    """2:4 decode's clusters (each x chunk multicast to 2 or 4 row blocks), every config: row blocks
+    not a whole number of clusters, a K tail chunk (zeros past K in a reused stage), tokens past N
+    in the last tile; then an epilogue and a graph replay; a row pitch with K % 8 = 4 runs them
+    without the cluster (its copies move whole 16-byte units)."""
+    M, Kd = 1000, 1336
+    w, A, x, bias, res = operands(M, Kd, N, dtype, 31)
+    configs = [c for c in configs_of(A, N, "mma") if c.cluster_m > 1]
+    if not configs:
+        pytest.skip("clusters need sm_90")
+    assert {c.cluster_m for c in configs} == {2, 4}
+    expect = reference(x, w)
+    for cfg in configs:
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+    out = run(A, x, configs[0], bias=bias, residual=res, activation="gelu")
+    assert rel(out, reference(x, w, bias, "gelu", residual=res)) <= TOL
+    check_graph_replay(A, w, x.clone(), configs[-1])
+    w4 = random_2to4(M, Kd - 4, dtype, 32)
+    x4 = torch.randn(N, Kd, device="cuda", dtype=dtype)[:, : Kd - 4]
+    out = run(st.NM.from_dense(w4, 2, 4), x4, configs[0])
+    assert rel(out, reference(x4, w4)) <= TOL
+
+
 # ---- both variants: epilogues, strides, CUDA graphs ----
 
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])

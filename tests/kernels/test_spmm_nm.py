@@ -305,6 +305,36 @@ def test_x_whole_stages_the_tokens_rows_behind_the_ring_and_spares_the_copy():
     assert K.mma_gather(dataclasses.replace(whole, stages=2)) == 1  # (the launch refuses x_whole off the ring)
 
 
+def test_decode_clusters_share_x_chunks_on_hopper_only():
+    """2:4 ring configs with several tokens come in clusters of 1, 2 and 4 row blocks on sm_90 (x's
+    chunks multicast to the cluster): the model reads x once per cluster and rounds the row blocks
+    up to whole clusters, the x chunks' mbarriers add 8 bytes a stage; none at N = 1, for V:N:M or
+    off Hopper; their instances are sm_90a and name the cluster."""
+    A = st.NM.from_dense(random_2to4(256, 256, torch.float32), 2, 4)
+    prob = Problem("linear", "2:4", 1000, 4096, 16, "float16", A.stats(), device="H100 sm_90")
+    ring = [c for c in K.space(prob) if c.variant == "mma" and c.stages >= 3]
+    assert {c.cluster_m for c in ring} == {1, 2, 4}
+    base = next(c for c in ring if c.cluster_m == 1 and c.bm == 16 and c.bn == 16)
+    f = K.features(prob, base)
+    x_per_tile = 16 * 4096 * 2  # one token strip: bn tokens of K
+    for cm in (2, 4):
+        cl = dataclasses.replace(base, cluster_m=cm)
+        assert cl in ring and K._smem_bytes(cl) == K._smem_bytes(base) + 8 * base.stages
+        fc = K.features(prob, cl)
+        row_tiles = -(-63 // cm) * cm  # 63 row tiles of 16, whole clusters
+        assert fc.tiles == row_tiles and f.tiles == 63
+        assert f.l2_bytes - fc.l2_bytes == (63 - row_tiles // cm) * x_per_tile
+        (inst,) = K.instances(prob, cl)
+        assert dict(inst.defines)["CLUSTER_M"] == cm and inst.arch_specific
+    assert "CLUSTER_M" not in dict(K.instances(prob, base)[0].defines)
+    assert not any(c.cluster_m > 1 for c in K.space(dataclasses.replace(prob, n=1)))
+    assert not any(c.cluster_m > 1 for c in K.space(dataclasses.replace(prob, device="")))
+    vnm = st.sparsify_weight(torch.randn(256, 256), "64:2:8")
+    assert not any(c.cluster_m > 1 and c.variant == "mma"
+                   for c in K.space(Problem("linear", vnm.signature, 1024, 4096, 16, "float16", vnm.stats(),
+                                            device="H100 sm_90")))
+
+
 def test_compile_space_rejects_bad_input():
     from spartune import dispatch
 

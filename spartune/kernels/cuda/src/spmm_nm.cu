@@ -17,6 +17,10 @@
 // that ldmatrix.trans turns into the same B fragments. GATHER 3, for a few tokens: x's rows are
 // staged whole in shared memory once per CTA (behind the ring) and each chunk's k-major tile is
 // filled from there, so no x^T copy (a second launch, at decode a fifth of the call) is needed.
+// CLUSTER_M > 1 (2:4 on the ring, sm_90): the CTAs of a cluster own adjacent row blocks of the same
+// tokens and share each x chunk, copied once from L2 by bulk copies multicast to all of them: with
+// small BM (decode's many CTAs) every row block otherwise re-reads all of x, 16x the weight's bytes
+// at 16 tokens (LOG, session 18).
 //   SPARTUNE_BF16  0: fp16 operands, 1: bf16
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
@@ -25,6 +29,7 @@
 //   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
 //           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
+//   CLUSTER_M  CTAs of a cluster sharing x's chunks (GATHER 0 on the ring; K % 8 == 0, x_vec)
 #include "epilogue.cuh"
 #include "mma_sp.cuh"
 
@@ -33,6 +38,15 @@
 #endif
 #ifndef WARPS_K
 #define WARPS_K 1
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1
+#endif
+#if CLUSTER_M > 1
+#include "wgmma_sp.cuh"  // mbarriers, bulk copies, cluster barriers
+#define SPARTUNE_CLUSTER __cluster_dims__(1, CLUSTER_M, 1)
+#else
+#define SPARTUNE_CLUSTER
 #endif
 
 constexpr int MT = BM / 16;                            // 16-row slices per CTA
@@ -63,6 +77,7 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #endif
 static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 or 3, with at least 3 stages");
 static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
+static_assert(CLUSTER_M == 1 || (PIPE >= 3 && GATHER == 0), "a cluster shares 2:4's x chunks on the ring");
 constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
 constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
 constexpr int PIPE_BYTES = PIPE * STAGE_BYTES > RED_BYTES ? PIPE * STAGE_BYTES : RED_BYTES;
@@ -104,7 +119,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 // to 8 after the ring's PIPE_BYTES); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte aligned
 // (GATHER 0: chunks then move as 16-byte vectors; 3: so do the staged rows). col_map: null (2:4), or int32
 // (row blocks, Kt * 32) for V:N:M, BM dividing map_rows. bias (M,) / residual (N, M) may be null.
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     spmm_nm(const uint4* __restrict__ a_values, const unsigned* __restrict__ a_meta,
             const unsigned short* __restrict__ x, void* __restrict__ out, const void* __restrict__ bias,
             const void* __restrict__ residual, const int* __restrict__ col_map, int map_rows, int M, int K, int N,
@@ -274,8 +289,40 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
   };
 #endif
+#if CLUSTER_M > 1
+  // full[st]: the bytes of x landing in this CTA's stage st (the copies of every CTA of the cluster)
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + PIPE_BYTES);
+  const unsigned rank = spartune::cluster_rank();
+  const int x_rows = min(BN, N - n_cta);
+  if (tid == 0) {
+    for (int st = 0; st < PIPE; ++st) spartune::mbar_init(&full[st], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  {  // rows past the tokens: zeros in every stage, once (no copy writes them)
+    const int vecs = (BN - x_rows) * (KC / 8);
+    for (int e = tid; e < PIPE * vecs; e += THREADS) {
+      unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(e / vecs));
+      const int r = e % vecs;
+      *reinterpret_cast<uint4*>(xs_s + (x_rows + r / (KC / 8)) * XS_STRIDE + (r % (KC / 8)) * 8) =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  spartune::cluster_sync();  // every CTA's barriers exist (and its zeros are written) before any copy
+#endif
   auto issue_x = [&](int chunk) {
     unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(chunk % PIPE));
+#if CLUSTER_M > 1  // this CTA's rows of the chunk (rank, + CLUSTER_M, ...) into every CTA of the cluster
+    const int k0 = chunk * KC, kb = min(KC, K - k0), st = chunk % PIPE;
+    if (tid == 0) spartune::mbar_arrive_expect_tx(&full[st], x_rows * kb * 2);
+    if (kb < KC) {  // the K tail: zeros past K (this stage's earlier chunk left its columns there)
+      for (int e = tid; e < BN * (KC - kb); e += THREADS) xs_s[(e / (KC - kb)) * XS_STRIDE + kb + e % (KC - kb)] = 0;
+      __threadfence_block();  // seen by the CTA's readers past the next (relaxed) cluster barrier
+    }
+    for (int n = rank + CLUSTER_M * tid; n < x_rows; n += CLUSTER_M * THREADS)
+      spartune::bulk_copy_multicast(xs_s + n * XS_STRIDE, x + (long long)(n_cta + n) * sxn + k0, kb * 2, &full[st],
+                                    (unsigned short)((1u << CLUSTER_M) - 1));
+    return;
+#endif
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS;
@@ -346,9 +393,17 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     cp_async_commit();
   }
 #endif
+#if CLUSTER_M > 1
+  spartune::cluster_arrive();  // (the first chunk's wait)
+#endif
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<PIPE - 2>();  // chunk c has landed (this thread's copies) ...
+#if CLUSTER_M > 1
+    spartune::mbar_wait(&full[c % PIPE], (c / PIPE) & 1);  // ... and its x
+    spartune::cluster_wait();  // every CTA of the cluster is done with chunk c - 1, whose stage is refilled next
+#else
     __syncthreads();            // ... everyone's; and the stage refilled next is free
+#endif
     if (c + PIPE - 1 < chunks) issue(c + PIPE - 1);
     cp_async_commit();
     const unsigned char* base = stage_base(c % PIPE);
@@ -365,7 +420,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
       }
     multiply(c, cur_v, cur_m);
+#if CLUSTER_M > 1
+    spartune::cluster_arrive();  // (this chunk's fragments were consumed by the MMAs issued above)
+#endif
   }
+#if CLUSTER_M > 1
+  spartune::cluster_wait();
+#endif
   cp_async_wait<0>();
   __syncthreads();  // the reduction below reuses the stages
 #else

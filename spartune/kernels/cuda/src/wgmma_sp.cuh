@@ -49,6 +49,16 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// The same bytes written at the same offset into the shared memory of every CTA of the cluster in
+// `cta_mask`, each completing on its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, unsigned bytes,
+                                                    unsigned long long* bar, unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
 // A 2-D box of a tensor map at element coordinates (c0 innermost, c1); out of bounds reads zeros.
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, int c0, int c1,
                                             unsigned long long* bar) {
@@ -102,6 +112,12 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// The two halves of cluster_sync, for work in between (arrive: this thread is done with what the
+// peers may overwrite next; wait: every thread of the cluster has arrived). The arrival is relaxed,
+// no fence: what it releases is shared memory the thread has read and consumed already (a
+// .release arrival cost spmm_nm's decode ~0.3-0.5 us a chunk: LOG, session 18).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 // One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster (default semantics:
 // a .release.cluster arrival costs a cluster-wide fence each, LOG "wgmma variant").
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
