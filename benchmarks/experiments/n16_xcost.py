@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--pattern", default="2:4")
     ap.add_argument("--bm", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--bn", type=int, nargs="+", default=[8, 16])
     args = ap.parse_args()
     out_dir = os.environ.get("OUT", "out")
     os.makedirs(out_dir, exist_ok=True)
@@ -42,7 +43,7 @@ def main():
         dense = cold_replay(lambda: F.linear(xs[16], w))
         prob = Problem("linear", A.signature, M, Kd, 16, "float16", A.stats(), device=device_name(0))
         for cfg in K.space(prob):
-            if cfg.variant != "mma" or cfg.stages < 3 or cfg.bn > 16 or cfg.bm not in args.bm:
+            if cfg.variant != "mma" or cfg.stages < 3 or cfg.bn not in args.bn or cfg.bm not in args.bm:
                 continue
             t = {}
             for n in (16, 1):
@@ -54,7 +55,7 @@ def main():
             x_l2 = math.ceil(M / cfg.bm / cfg.cluster_m) * math.ceil(16 / cfg.bn) * Kd * cfg.bn * 2 / 1e6
             rows.append(dict(shape=name, cfg=str(cfg), bm=cfg.bm, bn=cfg.bn, warps=cfg.num_warps, wk=cfg.warps_k,
                              ks=cfg.ksteps, cm=cfg.cluster_m, t16=t[16], t1=t[1], dense=dense * 1e6, x_l2_mb=x_l2))
-            print(f"{name} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} wk{cfg.warps_k} ks{cfg.ksteps} cm{cfg.cluster_m}: "
+            print(f"{name} bm{cfg.bm} bn{cfg.bn} wn{K._warp_grid(cfg)[1]} w{cfg.num_warps} wk{cfg.warps_k} ks{cfg.ksteps} cm{cfg.cluster_m}: "
                   f"N16 {t[16]:.1f} us, same at N1 {t[1]:.1f} (x L2 {x_l2:.0f} MB)", flush=True)
     with open(os.path.join(out_dir, "n16_xcost.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -99,8 +99,8 @@ def _smem_bytes(config: Config, boxes: int = 1) -> int:
     x_tile = kc * ((config.bn // 8) | 1) * 8 * 2 if boxes == 2 else config.bn * (kc + 8) * 2
     partial = (config.warps_k - 1) * config.bm * config.bn * 4
     if config.stages >= 3:  # each stage: the x chunk and every warp's A fragments (16 + 4 bytes a lane)
-        wm, _ = _warp_grid(config)
-        frags = config.num_warps * (config.bm // 16 // wm) * config.ksteps * 32
+        wm, wn = _warp_grid(config)
+        frags = config.num_warps // wn * (config.bm // 16 // wm) * config.ksteps * 32  # (token warps share A's)
         barriers = 8 * config.stages if config.cluster_m > 1 else 0  # a cluster's x chunks land on mbarriers
         return max(config.stages * (x_tile + frags * 20), partial) + barriers
     return max(x_tile, partial)
@@ -217,21 +217,23 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                     whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)
                     # 2:4 on the ring with several tokens: clusters of 2 or 4 row blocks sharing x's chunks
                     clusters = (1, 2, 4) if stages == 3 and not gather and problem.n > 1 and hopper else (1,)
+                    if _warp_grid(cfg) is None:
+                        continue
                     for cfg in (dataclasses.replace(cfg, x_whole=w, cluster_m=c) for w in whole for c in clusters):
                         smem = _mma_smem_bytes(cfg, gather, problem.n, problem.k)
-                        if _warp_grid(cfg) is not None and smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) \
-                                and math.ceil(problem.m / (bm * cfg.cluster_m)) * cfg.cluster_m <= MAX_GRID_Y:
+                        if smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) and math.ceil(problem.m / (bm * cfg.cluster_m)) * cfg.cluster_m <= MAX_GRID_Y:
                             out.append(cfg)
     return out
 
 
 # (bm, warps, warps_k) for narrow token tiles: few row tiles' worth of CTAs, so small BM and K
-# split over warps keep enough loads in flight (a 16-token tile's tokens split over two warps
-# never measured best: LOG, "2:4 decode at N = 16")
+# split over warps keep enough loads in flight
 # (16, 8, 8) and (32, 8, 4): a short M (7B down: 4096 rows) needs 8 warps a CTA splitting K
 # (LOG, session 17: 2:4 N = 1 25.1 us against 25.6, 64:2:8 16.4 against 18.8)
+# (16, 4, 2), (16, 8, 4), (32, 8, 2), (64, 8, 1): at 16 tokens, two warps split the tile's tokens
+# (8-token work per warp), sharing A's fragments on the ring (LOG, session 18)
 _DECODE = [(16, 4, 4), (16, 8, 8), (32, 4, 2), (32, 4, 4), (32, 8, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4),
-           (128, 4, 1), (128, 8, 2)]
+           (128, 4, 1), (128, 8, 2), (16, 4, 2), (16, 8, 4), (32, 8, 2), (64, 8, 1)]
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:

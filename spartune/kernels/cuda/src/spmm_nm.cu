@@ -78,7 +78,9 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 or 3, with at least 3 stages");
 static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
 static_assert(CLUSTER_M == 1 || (PIPE >= 3 && GATHER == 0), "a cluster shares 2:4's x chunks on the ring");
-constexpr int A_FRAGS = WARPS * WM * KSTEPS * 32;           // a stage's A fragments (one per lane and step)
+// a stage's A fragments (one per lane and step); the ring's warps that split a tile's tokens
+// (WARPS_N > 1) share theirs: each copies a 1 / WARPS_N share, all read them
+constexpr int A_FRAGS = WARPS / WARPS_N * WM * KSTEPS * 32;
 constexpr int STAGE_BYTES = XS_BYTES + A_FRAGS * (16 + 4);  // x chunk, A values, metadata
 constexpr int PIPE_BYTES = PIPE * STAGE_BYTES > RED_BYTES ? PIPE * STAGE_BYTES : RED_BYTES;
 static_assert(BM % 16 == 0 && BN % 8 == 0, "BM must be a multiple of 16 and BN of 8");
@@ -251,9 +253,9 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #if PIPE
   // stage st: [x chunk (BN rows of XS_STRIDE halves; GATHER 2, 3: KC rows of XT_STRIDE)][A values:
   // A_FRAGS uint4][metadata: A_FRAGS words],
-  // each warp's fragments at (warp, i, s, lane)
+  // the fragments of each (warp_k, warp_m) at ((warp_k, warp_m), i, s, lane)
   auto stage_base = [&](int st) { return smem + st * STAGE_BYTES; };
-  auto frag = [&](int i, int s) { return ((warp * WM + i) * KSTEPS + s) * 32 + lane; };
+  auto frag = [&](int i, int s) { return (((warp_k * WARPS_M + warp_m) * WM + i) * KSTEPS + s) * 32 + lane; };
   auto a_ok = [&](int chunk, int i, int s) {
     return mt0 + i < Mt && chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k < Kt;
   };
@@ -360,6 +362,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     for (int i = 0; i < WM; ++i)
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
+        if ((i * KSTEPS + s) % WARPS_N != warp_n) continue;  // a token warp's share
         const bool ok = a_ok(chunk, i, s);
         const long long at = ok ? (long long)(mt0 + i) * Kt + chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k : 0;
         cp_async16(av_s + frag(i, s), a_values + at * 32 + lane, ok ? 16 : 0);
@@ -401,6 +404,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #if CLUSTER_M > 1
     spartune::mbar_wait(&full[c % PIPE], (c / PIPE) & 1);  // ... and its x
     spartune::cluster_wait();  // every CTA of the cluster is done with chunk c - 1, whose stage is refilled next
+    if constexpr (WARPS_N > 1) __syncthreads();  // the token warps' shares of A
 #else
     __syncthreads();            // ... everyone's; and the stage refilled next is free
 #endif
