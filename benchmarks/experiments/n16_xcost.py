@@ -20,12 +20,12 @@ from spartune.tune.device import device_name
 from spartune.tune.measure import cold_replay
 from spartune.tune.problem import Problem
 
-SHAPES = {"llama7b-up": (11008, 4096), "llama7b-down": (4096, 11008), "llama13b-up": (13824, 5120)}
+SHAPES = {"llama7b-up": (11008, 4096), "llama7b-down": (4096, 11008), "llama13b-up": (13824, 5120), "llama70b-up": (28672, 8192)}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES)[:3])
     ap.add_argument("--pattern", default="2:4")
     ap.add_argument("--bm", type=int, nargs="+", default=[16, 32, 64, 128])
     ap.add_argument("--bn", type=int, nargs="+", default=[8, 16])
@@ -43,7 +43,7 @@ def main():
         dense = cold_replay(lambda: F.linear(xs[16], w))
         prob = Problem("linear", A.signature, M, Kd, 16, "float16", A.stats(), device=device_name(0))
         for cfg in K.space(prob):
-            if cfg.variant != "mma" or cfg.stages < 3 or cfg.bn not in args.bn or cfg.bm not in args.bm:
+            if cfg.variant != "mma" or cfg.stages < 3 or cfg.x_whole or cfg.bn not in args.bn or cfg.bm not in args.bm:
                 continue
             t = {}
             for n in (16, 1):
