@@ -32,8 +32,9 @@ if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_csr1.log tests/gpu/test_csr_gpu.py -k "spmm_every_config" & p2=$!
   gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config and not benchmark_shapes" & p3=$!
   gpu_tests gpu_tests_csr3.log tests/gpu/test_csr_gpu.py -k "benchmark_shapes" & p4=$!
-  gpu_tests gpu_tests_nm.log tests/gpu/test_spmm_nm_gpu.py -k "not vnm and not decode_clusters" & p5=$!
-  gpu_tests gpu_tests_nm2.log tests/gpu/test_spmm_nm_gpu.py -k "decode_clusters" tests/gpu/test_cusparselt_gpu.py & p9=$!
+  # (-k selects in every file named: cuSPARSELt's tests go with the first)
+  gpu_tests gpu_tests_nm.log tests/gpu/test_spmm_nm_gpu.py -k "not vnm and not decode_clusters" tests/gpu/test_cusparselt_gpu.py & p5=$!
+  gpu_tests gpu_tests_nm2.log tests/gpu/test_spmm_nm_gpu.py -k "decode_clusters" & p9=$!
   gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" & p6=$!
   # csr_smem compiles ~400 instances: two processes of ~5 minutes each
   gpu_tests gpu_tests_smem1.log tests/gpu/test_csr_smem_gpu.py -k "across_the_space" & p7=$!
