@@ -219,10 +219,11 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                     clusters = (1, 2, 4) if stages == 3 and not gather and problem.n > 1 and hopper else (1,)
                     if _warp_grid(cfg) is None:
                         continue
-                    for cfg in (dataclasses.replace(cfg, x_whole=w, cluster_m=c) for w in whole for c in clusters):
-                        smem = _mma_smem_bytes(cfg, gather, problem.n, problem.k)
-                        if smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) and math.ceil(problem.m / (bm * cfg.cluster_m)) * cfg.cluster_m <= MAX_GRID_Y:
-                            out.append(cfg)
+                    for c in (dataclasses.replace(cfg, x_whole=w, cluster_m=m) for w in whole for m in clusters):
+                        smem = _mma_smem_bytes(c, gather, problem.n, problem.k)
+                        if smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) \
+                                and math.ceil(problem.m / (bm * c.cluster_m)) * c.cluster_m <= MAX_GRID_Y:
+                            out.append(c)
     return out
 
 
@@ -531,9 +532,9 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    if config.cluster_m > 1 and (vnm or config.stages < 3 or torch.cuda.get_device_capability(x.device) < (9, 0)):
-        raise ValueError(f"an mma cluster shares 2:4's x chunks on the cp.async ring (stages >= 3) of sm_90, "
-                         f"got {config}")
+    if config.cluster_m > 1 and (vnm or config.stages < 3 or torch.cuda.get_device_capability(x.device) != (9, 0)):
+        raise ValueError(f"an mma cluster shares 2:4's x chunks on the cp.async ring (stages >= 3) of sm_90 "
+                         f"(the space offers it there only), got {config}")
     x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
     if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
         config = dataclasses.replace(config, stages=2, cluster_m=1)

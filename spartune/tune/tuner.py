@@ -45,10 +45,11 @@ SLOWER = 3.0
 # the other differ by up to ~15% for that alone; one config that measured 3% faster alone ran 25%
 # slower than another in turns (70B up, N = 8192; benchmarks/LOG.md, session 17).
 FINALISTS, FINAL_MARGIN = 3, 1.15
-# A candidate timed past RETIME_ABOVE x its prediction, where the prediction was within SLOWER of
-# the best measured, is timed once more after the rest: a transient on the GPU once timed 2:4
-# decode candidates at 5x their prediction and 12x their real time, and dense was stored for good
-# (13B up, N = 1; benchmarks/LOG.md, session 18).
+# Fast mode: a candidate timed past RETIME_ABOVE x its prediction, where the prediction was within
+# SLOWER of the best measured, is timed once more after the rest: a transient on the GPU once timed
+# 2:4 decode candidates at 5x their prediction and 12x their real time, and dense was stored for
+# good (13B up, N = 1; benchmarks/LOG.md, session 18). (Exhaustive data, which the model is fitted
+# on, keeps every first timing.)
 RETIME_ABOVE = 4.0
 
 
@@ -226,14 +227,15 @@ class Tuner:
 
         for i in list(rows):
             seconds = rows[i]["seconds"]
-            if seconds is None or not seconds > RETIME_ABOVE * preds[i] or not preds[i] < SLOWER * best_s:
+            if self.mode != "fast" or seconds is None or not seconds > RETIME_ABOVE * preds[i] \
+                    or not preds[i] < SLOWER * best_s:
                 continue
-            bound = SLOWER * best_s if self.mode == "fast" else None
+            bound = SLOWER * best_s
             again = self._measure(cands[i], configs[i], preds[i], bound)["seconds"]
             if again is not None and again < seconds:
                 rows[i]["seconds"] = again
                 best_s = min(best_s, again)
-                if i in cut and (bound is None or again <= bound):
+                if i in cut and again <= bound:
                     cut.remove(i)  # a whole timing now, not one cut short
 
         self._finalists_in_turns(cands, rows)

@@ -318,7 +318,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     if (tid == 0) spartune::mbar_arrive_expect_tx(&full[st], x_rows * kb * 2);
     if (kb < KC) {  // the K tail: zeros past K (this stage's earlier chunk left its columns there)
       for (int e = tid; e < BN * (KC - kb); e += THREADS) xs_s[(e / (KC - kb)) * XS_STRIDE + kb + e % (KC - kb)] = 0;
-      __threadfence_block();  // seen by the CTA's readers past the next (relaxed) cluster barrier
+      __syncthreads();  // seen by the CTA's readers (kb is the CTA's: every thread is here)
     }
     for (int n = rank + CLUSTER_M * tid; n < x_rows; n += CLUSTER_M * THREADS)
       spartune::bulk_copy_multicast(xs_s + n * XS_STRIDE, x + (long long)(n_cta + n) * sxn + k0, kb * 2, &full[st],
