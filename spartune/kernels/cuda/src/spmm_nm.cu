@@ -323,8 +323,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     for (int n = rank + CLUSTER_M * tid; n < x_rows; n += CLUSTER_M * THREADS)
       spartune::bulk_copy_multicast(xs_s + n * XS_STRIDE, x + (long long)(n_cta + n) * sxn + k0, kb * 2, &full[st],
                                     (unsigned short)((1u << CLUSTER_M) - 1));
-    return;
-#endif
+#else
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS;
@@ -353,6 +352,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #if GATHER >= 2
     load_cols(chunk + 1);
 #endif
+#endif  // CLUSTER_M
   };
   auto issue_a = [&](int chunk) {
     unsigned char* base = stage_base(chunk % PIPE);
