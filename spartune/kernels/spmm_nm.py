@@ -478,7 +478,9 @@ _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded ke
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: int = 0, act: int = 0):
     key = (config, dtype, device.index, gather, act)
     kernel = _kernels.get(key)
-    if kernel is None:
+    if kernel is None:  # (checked once per device, not on every call)
+        if config.variant == "mma" and config.cluster_m > 1 and torch.cuda.get_device_capability(device) != (9, 0):
+            raise ValueError(f"an mma cluster needs sm_90 (the space offers it there only), got {config}")
         kernel = _kernels[key] = cuda.load(_instance(config, dtype, gather, act), device)
     return kernel
 
@@ -532,9 +534,9 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    if config.cluster_m > 1 and (vnm or config.stages < 3 or torch.cuda.get_device_capability(x.device) != (9, 0)):
-        raise ValueError(f"an mma cluster shares 2:4's x chunks on the cp.async ring (stages >= 3) of sm_90 "
-                         f"(the space offers it there only), got {config}")
+    if config.cluster_m > 1 and (vnm or config.stages < 3 or config.cluster_m not in (2, 4, 8)):
+        raise ValueError(f"an mma cluster of 2, 4 or 8 row blocks shares 2:4's x chunks on the cp.async ring "
+                         f"(stages >= 3), got {config}")
     x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
     if config.stages >= 3 and not (x_vec or vnm):  # the ring copies x in 16-byte vectors: the register path
         config = dataclasses.replace(config, stages=2, cluster_m=1)

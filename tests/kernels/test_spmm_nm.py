@@ -178,6 +178,10 @@ def test_launch_refuses_bad_input_before_any_kernel():
         K.launch(V, x, out, K.Config(128, 64, 12, variant="wgmma", stages=4))  # V < BM / 2
     with pytest.raises(ValueError, match=r"x must be \(N, 64\)"):
         K.launch(V, x[:, :40], out, K.Config(128, 64, 12, variant="wgmma", stages=4))  # x narrower than K
+    for cfg, weight in ((K.Config(16, 8, 4, 4, stages=3, cluster_m=3), A), (K.Config(16, 8, 4, 4, cluster_m=2), A),
+                        (K.Config(32, 8, 4, 2, stages=3, cluster_m=2), V)):  # a cluster of 3; off the ring; V:N:M
+        with pytest.raises(ValueError, match="mma cluster of 2, 4 or 8"):
+            K.launch(weight, x, out, cfg)
 
 
 # ---- V:N:M on the wgmma variant: x^T's rows gathered by the producer ----

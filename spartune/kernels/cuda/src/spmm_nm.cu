@@ -272,10 +272,11 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
   };
   load_cols(0);
 #endif
+  const int x_rows = min(BN, N - n_cta);  // this tile's tokens
 #if GATHER == 3
   // x's rows n_cta .. n_cta + x_rows - 1, whole, behind the ring (rows of xwp halves)
   unsigned short* xw = reinterpret_cast<unsigned short*>(smem + PIPE_BYTES);
-  const int x_rows = min(BN, N - n_cta), xwp = (kx + 7) & ~7;
+  const int xwp = (kx + 7) & ~7;
   auto stage_xw = [&]() {
     if (x_vec) {
       const int vecs = xwp / 8;
@@ -292,24 +293,15 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
   };
 #endif
 #if CLUSTER_M > 1
-  // full[st]: the bytes of x landing in this CTA's stage st (the copies of every CTA of the cluster)
+  // full[st]: the bytes of x landing in this CTA's stage st (the copies of every CTA of the cluster).
+  // Rows past the tokens are never written: they only feed output tokens the epilogue skips.
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + PIPE_BYTES);
   const unsigned rank = spartune::cluster_rank();
-  const int x_rows = min(BN, N - n_cta);
   if (tid == 0) {
     for (int st = 0; st < PIPE; ++st) spartune::mbar_init(&full[st], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  {  // rows past the tokens: zeros in every stage, once (no copy writes them)
-    const int vecs = (BN - x_rows) * (KC / 8);
-    for (int e = tid; e < PIPE * vecs; e += THREADS) {
-      unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(e / vecs));
-      const int r = e % vecs;
-      *reinterpret_cast<uint4*>(xs_s + (x_rows + r / (KC / 8)) * XS_STRIDE + (r % (KC / 8)) * 8) =
-          make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-  spartune::cluster_sync();  // every CTA's barriers exist (and its zeros are written) before any copy
+  spartune::cluster_sync();  // every CTA's barriers exist before any copy
 #endif
   auto issue_x = [&](int chunk) {
     unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(chunk % PIPE));
