@@ -11,10 +11,13 @@ CTAs, partial sums reduced in order by the last CTA of a row block), warps per C
 of rows per warp (GPW: the rows one staged slice of x serves; the copy costs as much as
 streaming the rows' nonzeros when too few rows share it), lanes per row (QS) and warps per
 group (KW: on a short matrix, many warps share one group's chunks with K whole in the CTA,
-their sums meeting in shared memory instead of partials through global memory).
+their sums meeting in shared memory instead of partials through global memory) and, on Hopper,
+clusters (CK: a row block's K slices as one cluster, so each CTA stages only its slice of x and
+the slices' sums meet through distributed shared memory instead of global partials).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space
 MAX_SLICES = 64
 MAX_PARTIALS_BYTES = 256 << 20  # split-K's fp32 partials (4 x tokens x slices x rows): past this, no split
 MAX_TOKEN_TILES = 65535  # the grid's z
+MAX_CLUSTER = 8  # the portable cluster size: a clustered row block holds at most this many slices
 # Wide N: each token tile streams the weight again, so past this many tokens only very sparse
 # weights (Sputnik's regime) are worth trying
 WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
@@ -62,6 +66,7 @@ class Config:
     gpw: int = 1  # groups of rows each warp serves, one after another
     qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
     kw: int = 1  # warps sharing each group's chunks (a CTA holds warps / kw rows of warps)
+    ck: int = 1  # > 1: the slices (exactly ck) of a row block form a cluster (sm_90)
 
 
 def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
@@ -71,9 +76,12 @@ def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
 
 
 def _smem_bytes(config: Config) -> int:
-    """x's slice, and with kw > 1 each warp's 32 lanes x 8 fp32 sums."""
+    """x's slice; with kw > 1 each warp's 32 lanes x 8 fp32 sums; with clusters the CTA's rows'
+    fp32 sums for its peers."""
     sums = config.warps * 32 * 8 * 4 if config.kw > 1 else 0
-    return (config.ks + _team(config.nt)[2]) * config.nt * 2 + sums
+    _, R, P = _team(config.nt, config.qs)
+    shared = config.warps // config.kw * config.gpw * R * config.nt * 4 if config.ck > 1 else 0
+    return (config.ks + P) * config.nt * 2 + sums + shared
 
 
 def available(device) -> bool:
@@ -89,15 +97,19 @@ def space(problem: Problem) -> list[Config]:
     if problem.n > WIDE_N and problem.stats.density > WIDE_MAX_DENSITY:
         return []
     nt = min(32, max(8, next_pow2(problem.n)))
-    limit = SMEM_LIMIT if problem.device.endswith("sm_90") or not problem.device else 99 * 1024
+    hopper = problem.device.endswith("sm_90")
+    limit = SMEM_LIMIT if hopper or not problem.device else 99 * 1024
     out = []
     for ks in K_SLICES:
-        if ks > max(K_SLICES[0], next_pow2(problem.k)) or math.ceil(problem.k / ks) > MAX_SLICES:
+        slices = math.ceil(problem.k / ks)
+        if ks > max(K_SLICES[0], next_pow2(problem.k)) or slices > MAX_SLICES:
             continue
         candidates = [Config(nt, ks, warps, gpw, qs) for warps in WARPS for qs in LANES_PER_ROW
                       for gpw in GROUPS_PER_WARP]
         candidates += [Config(nt, ks, warps, gpw, 1, kw) for kw in WARPS_PER_GROUP for warps in SHARED_WARPS
                        if warps % kw == 0 for gpw in SHARED_GROUPS]
+        if hopper and 1 < slices <= MAX_CLUSTER:
+            candidates += [dataclasses.replace(c, ck=slices) for c in candidates]
         for cfg in candidates:
             if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
@@ -107,7 +119,7 @@ def space(problem: Problem) -> list[Config]:
 
 def _partials_bytes(problem: Problem, config: Config) -> int:
     slices = math.ceil(problem.k / config.ks)
-    if slices == 1:
+    if slices == 1 or config.ck > 1:
         return 0
     rows = math.ceil(problem.m / _team(config.nt, config.qs)[1]) * _team(config.nt, config.qs)[1]
     return 4 * math.ceil(problem.n / config.nt) * config.nt * slices * rows
@@ -146,7 +158,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     x_bytes = problem.n * problem.k * 2
     y_bytes = problem.n * problem.m * 2
     staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
-    partials = 2 * _partials_bytes(problem, config)
+    partials = 2 * _partials_bytes(problem, config)  # (a cluster's sums stay on chip)
     steps = config.gpw * slots / (SLOTS_PER_LOAD * config.qs * config.kw)
     return KernelFeatures(
         programs=programs,
@@ -160,7 +172,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         smem_bytes=_smem_bytes(config),
         num_warps=config.warps,
         num_stages=4,  # three 16-byte loads of words in flight per lane
-        split_k=slices,
+        split_k=1 if config.ck > 1 else slices,
         launches=1,
         reduce_bytes=partials,
         regs_per_thread=64,  # the kernel's launch bounds cap it there
@@ -197,7 +209,8 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-        "GPW": config.gpw, "QS": config.qs, "KW": config.kw})
+        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {})},
+        arch_specific=config.ck > 1)
 
 
 def instances(problem: Problem, config: Config) -> list:
@@ -225,10 +238,13 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     if M == 0 or N == 0:
         return out
     check_operands(A, x, out, bias, residual)
+    if config.ck > 1 and (math.ceil(K / config.ks) != config.ck or _capability(x.device.index) != (9, 0)):
+        raise ValueError(f"a cluster holds a row block's K slices, exactly {math.ceil(K / config.ks)} of "
+                         f"{config.ks} columns here, and needs sm_90: got {config}")
     ell = layout(A, config)
     _, R, _ = _team(config.nt, config.qs)
     grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
-    if ell.slices > 1:
+    if ell.slices > 1 and config.ck == 1:
         ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, grid[0] * grid[2])
     else:

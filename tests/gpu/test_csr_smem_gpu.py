@@ -81,6 +81,33 @@ def test_across_the_space(dtype, N):
         check(A, w, x, cfg)
 
 
+@pytest.mark.parametrize("dtype, N", [(torch.float16, 7), (torch.float16, 16), (torch.float16, 33),
+                                      (torch.bfloat16, 16)])
+def test_clusters_of_a_row_blocks_slices(dtype, N):
+    """ck > 1 (sm_90): every cluster size the space offers here (2, 3, 4, 6, 8 slices), each
+    kind of CTA (lanes per row, the most groups per warp, warps sharing a group), a K tail, rows past M,
+    tokens past N, and the whole epilogue on one config of each size."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("clusters run on sm_90")
+    seen = set()
+    for Kd in (3000, 3900):
+        w, A = random_csr(1000, Kd, 0.1, dtype, Kd + N)
+        x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+        clustered = [c for c in configs(A, N) if c.ck > 1]
+        for ck in sorted({c.ck for c in clustered}):
+            mine = [c for c in clustered if c.ck == ck]
+            picks = {next(c for c in mine if c.kw == 1 and c.qs == 1 and c.gpw == 1),
+                     next(c for c in mine if c.qs == 2), max(mine, key=lambda c: c.gpw),
+                     next(c for c in mine if c.kw > 1)}
+            for cfg in picks:
+                check(A, w, x, cfg)
+            bias = torch.randn(1000, device="cuda", dtype=dtype)
+            res = torch.randn(N, 1000, device="cuda", dtype=dtype)
+            check(A, w, x, mine[-1], bias=bias, residual=res, activation="gelu", scale=0.5)
+            seen.add(ck)
+    assert seen == {2, 3, 4, 6, 8}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M, Kd", [(1, 5), (17, 33), (100, 300), (1000, 777), (4096, 4096)])
 @pytest.mark.parametrize("N", [1, 7, 33, 77])

@@ -85,7 +85,7 @@ def test_space_token_tile(N, nt):
         assert K._smem_bytes(c) <= K.SMEM_LIMIT
         f = K.features(problem(256, 4096, N), c)
         assert f.programs > 0 and f.dram_bytes > 0 and f.fma_flops > 0
-        assert f.split_k == -(-4096 // c.ks)
+        assert f.split_k == (1 if c.ck > 1 else -(-4096 // c.ks))
 
 
 def test_space_shares_groups_between_warps_with_room_for_their_sums():
@@ -93,7 +93,7 @@ def test_space_shares_groups_between_warps_with_room_for_their_sums():
     sums, and each warp's steps shrink kw-fold while the CTA holds warps / kw rows of warps."""
     prob = problem(4096, 4096, 8)
     configs = K.space(prob)
-    shared = [c for c in configs if c.kw > 1]
+    shared = [c for c in configs if c.kw > 1 and c.ck == 1]
     assert {c.kw for c in shared} == set(K.WARPS_PER_GROUP)
     for c in shared:
         assert c.warps % c.kw == 0 and c.qs == 1
@@ -103,6 +103,39 @@ def test_space_shares_groups_between_warps_with_room_for_their_sums():
         assert K.features(prob, c).steps_mean == pytest.approx(K.features(prob, alone).steps_mean / c.kw)
     # a slice of 8192 columns at 32 tokens (512 KB) does not fit, with or without sums
     assert not [c for c in K.space(problem(256, 16384, 32)) if c.ks == 8192]
+
+
+def test_clusters_hold_a_row_blocks_slices_on_hopper_only():
+    """ck > 1: exactly the K slices of a row block (2..8), Hopper only; shared memory gains the
+    CTA's fp32 sums; no partials through global memory and no split-K fix-up in the features;
+    x's copies through L2 shrink with the slice."""
+    prob = problem(4096, 4096, 16)
+    configs = K.space(prob)
+    clustered = [c for c in configs if c.ck > 1]
+    assert {c.ks for c in clustered} == {512, 1024, 2048}
+    for c in clustered:
+        assert c.ck == 4096 // c.ks
+        plain = K.Config(c.nt, c.ks, c.warps, c.gpw, c.qs, c.kw)
+        assert plain in configs
+        rows = c.warps // c.kw * c.gpw * (32 // (2 * c.qs))
+        assert K._smem_bytes(c) == K._smem_bytes(plain) + rows * 16 * 4
+        f, g = K.features(prob, c), K.features(prob, plain)
+        assert (f.split_k, f.reduce_bytes) == (1, 0) and g.split_k == c.ck and g.reduce_bytes > 0
+        assert f.l2_bytes == g.l2_bytes
+    whole = [c for c in configs if c.ks == 4096 and c.kw == 8 and c.gpw == 1 and c.warps == 16][0]
+    split = [c for c in clustered if c.ks == 512 and c.kw == 1 and c.gpw == 1 and c.warps == 8][0]
+    assert K.features(prob, split).l2_bytes < K.features(prob, whole).l2_bytes
+    assert not [c for c in K.space(problem(4096, 4096, 16, device="NVIDIA A100 sm_80")) if c.ck > 1]
+    assert not [c for c in K.space(problem(256, 16384, 16)) if c.ks < 2048 and c.ck > 1]  # > 8 slices
+
+
+def test_launch_refuses_a_cluster_that_is_not_the_slices():
+    _, A = random_csr(8, 1000, 0.5)
+    x = torch.randn(2, 1000, dtype=torch.float16)
+    out = torch.empty(2, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="exactly 4 of 256"):
+        K.launch(A, x, out, K.Config(8, 256, 4, ck=2))
+    assert not any(k.startswith("_sliced_ell_") for k in A.__dict__)
 
 
 def test_space_is_empty_where_the_family_does_not_run():
@@ -150,8 +183,10 @@ def test_launch_refuses_bad_shapes_and_dtypes_before_any_layout_is_built():
 
 
 def test_space_caps_split_k_partials_and_token_tiles():
-    # 16384 columns need two slices at least, whose partials would be 1 GiB at 8192 tokens
-    assert K.space(problem(16384, 16384, 8192, density=0.02)) == []
+    # 16384 columns need two slices at least, whose partials would be 1 GiB at 8192 tokens; on
+    # Hopper a cluster's slices sum on chip instead
+    assert K.space(problem(16384, 16384, 8192, density=0.02, device="NVIDIA A100 sm_80")) == []
+    assert all(c.ck > 1 for c in K.space(problem(16384, 16384, 8192, density=0.02)))
     wide = problem(4096, 4096, 2048, density=0.02)
     assert K.space(wide) and all(K._partials_bytes(wide, c) <= K.MAX_PARTIALS_BYTES for c in K.space(wide))
     assert K.space(problem(64, 256, 32 * (K.MAX_TOKEN_TILES + 1), density=0.02)) == []

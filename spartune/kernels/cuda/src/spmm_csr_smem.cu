@@ -12,6 +12,10 @@
 // each row's columns so that the P rows of a quarter-warp read distinct bank positions.
 // With more than one slice, fp32 partials go to `ws`; the last CTA of a row block (an arrival
 // counter, left at zero again) sums them in slice order (deterministic) and applies the epilogue.
+// Or (CK > 1, sm_90) the slices of a row block form a cluster: each CTA stages only its slice of x
+// (every CTA staging all of x had put 16.8 MB through L2 at qkv N = 16, 7 of its 16 us: LOG, csr_smem
+// v5), keeps its sums in shared memory, and each CTA then sums a share of the rows over the cluster's
+// CTAs in slice order through distributed shared memory: no partials in global memory, no counter.
 //   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
 //   NT             tokens per CTA: 8, 16 or 32
 //   WARPS          warps per CTA
@@ -24,6 +28,8 @@
 //                  ...): a short matrix gets many warps per row with K whole in one CTA (no
 //                  partials through global memory); the KW sums meet in shared memory in a fixed
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
+//   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
+//                  grid's slices, at most 8)
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -35,6 +41,15 @@
 #ifndef KW
 #define KW 1
 #endif
+#ifndef CK
+#define CK 1
+#endif
+#if CK > 1
+#include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
+#define CSR_CLUSTER __cluster_dims__(1, CK, 1)
+#else
+#define CSR_CLUSTER
+#endif
 
 constexpr int TEAM = NT / 8;     // lanes per row and chunk (8 tokens each)
 constexpr int R = 32 / (TEAM * QS);  // rows per warp
@@ -42,11 +57,13 @@ constexpr int QLANES = R * TEAM;     // lanes of one K part (lane = q * QLANES +
 constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: its 16-byte bank positions
 constexpr int THREADS = WARPS * 32;
 constexpr int WG = WARPS / KW;   // warp rows: sets of KW warps sharing groups
+constexpr int TEAM_ROWS = WG * GPW * R;  // a CTA's rows (teams), padding included
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
 static_assert(GPW >= 1 && GPW <= 31, "GPW must be in 1..31 (a lane holds each group's offset)");
 static_assert(QS == 1 || QS == 2 || QS == 4, "QS must be 1, 2 or 4");
 static_assert(KS % 32 == 0, "KS must be a multiple of 32");
 static_assert(KW >= 1 && WARPS % KW == 0, "KW must divide WARPS");
+static_assert(CK >= 1 && CK <= 8, "CK must be in 1..8");
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
 #if SPARTUNE_BF16
@@ -105,6 +122,7 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[8], const uint4& w, const
 // (row block, token tile), zero between calls.
 struct Partials {
   float* ws;
+  float* red;  // CK > 1: this slice's sums in shared memory, (TEAM_ROWS, NT)
   long long tile_rows, base;  // groups * R; where this token tile's slices start
   int slice, slices;
 };
@@ -113,6 +131,12 @@ struct Partials {
 __device__ __forceinline__ void finish(const float (&acc)[8], int g, int t, int h, int n0, const int* rows,
                                        const spartune::Epilogue& ep, const Partials& part) {
   const int team_row = g * R + t;
+  if (CK > 1) {
+    float4* p = reinterpret_cast<float4*>(part.red + (team_row - blockIdx.x * TEAM_ROWS) * NT + h * 8);
+    p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    return;
+  }
   if (part.slices == 1) {
     const int m = rows[team_row];
     if (m >= 0) {
@@ -130,6 +154,10 @@ __device__ __forceinline__ void finish(const float (&acc)[8], int g, int t, int 
 // One element of a finished group (the KW path): out, or this slice's partial sum.
 __device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0, const int* rows,
                                      const spartune::Epilogue& ep, const Partials& part) {
+  if (CK > 1) {
+    part.red[(team_row - blockIdx.x * TEAM_ROWS) * NT + n_local] = v;
+    return;
+  }
   if (part.slices == 1) {
     const int m = rows[team_row];
     if (m >= 0) ep.store(m, n0 + n_local, v, ep.bias_of(m));
@@ -188,13 +216,14 @@ __device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* _
 
 // at least 1024 threads per SM (<= 64 registers): the weight stream needs warps in flight
 // (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
-extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
+extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
     long long sxn, long long sxk, int x_pairs, int son, int som, int srn, int srm, int out_code, int bias_code,
     int res_code, int act, float scale) {
-  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors; then the KW sums (KW > 1)
+  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors; the KW sums (KW > 1); the
+                                 // slice's sums for the cluster (CK > 1)
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
@@ -242,10 +271,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
-  const Partials part{ws, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
+  float* sums = reinterpret_cast<float*>(xs + (KS + P) * TEAM);  // KW > 1: [warp][i][lane]
+  float* red = sums + (KW > 1 ? WARPS * 8 * 32 : 0);
+  const Partials part{ws, red, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const uint4* xs_lane = xs + h;
-  float* sums = reinterpret_cast<float*>(xs + (KS + P) * TEAM);  // KW > 1: [warp][i][lane]
   // with KW > 1 every warp runs GPW rounds (the CTA meets in shared memory after each)
   for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
@@ -282,6 +312,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_s
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   }
+#if CK > 1
+  // the cluster's slices meet: CTA `rank` sums every CK-th vector of 4 tokens over the CTAs in order
+  spartune::cluster_sync();  // every slice's sums written (release / acquire)
+  const unsigned rank = spartune::cluster_rank();
+  const float4* red4 = reinterpret_cast<const float4*>(red);
+  for (int v = rank * THREADS + tid; v < TEAM_ROWS * NT / 4; v += CK * THREADS) {
+    const int team_row = blockIdx.x * TEAM_ROWS + v / (NT / 4), n = n0 + v % (NT / 4) * 4;
+    if (team_row >= groups * R) break;  // the rest of this CTA's vectors lie past the last group
+    const int m = rows[team_row];
+    float4 sum = spartune::load_peer_f4(red4 + v, 0);
+#pragma unroll
+    for (int j = 1; j < CK; ++j) {
+      const float4 p = spartune::load_peer_f4(red4 + v, j);
+      sum.x += p.x; sum.y += p.y; sum.z += p.z; sum.w += p.w;
+    }
+    if (m >= 0) {
+      const float bias_m = ep.bias_of(m);
+      ep.store(m, n, sum.x, bias_m);
+      ep.store(m, n + 1, sum.y, bias_m);
+      ep.store(m, n + 2, sum.z, bias_m);
+      ep.store(m, n + 3, sum.w, bias_m);
+    }
+  }
+  spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
+  return;
+#endif
   if (slices == 1) return;
 
   // split K: the last CTA of this row block and token tile sums the slices' partials in order
