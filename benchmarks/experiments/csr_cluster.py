@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--all-clusters", action="store_true", help="every clustered config, not the top")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     spec = load_or_calibrate(None)
@@ -53,7 +54,8 @@ def main():
             expect = x.double() @ w.double().T
             prob = Problem("linear", "csr", M, Kd, N, args.dtype, A.stats(), device=device_name())
             ranked = sorted(K.space(prob), key=lambda c: model.predict(K.features(prob, c), spec, args.dtype))
-            picks = [c for c in ranked if c.ck == 1][:args.top] + [c for c in ranked if c.ck > 1][:args.top]
+            picks = [c for c in ranked if c.ck == 1][:args.top]
+            picks += [c for c in ranked if c.ck > 1][:None if args.all_clusters else args.top]
             cuda.precompile([i for c in picks for i in K.instances(prob, c)])
             dense = cold(lambda: F.linear(x, w))
             res = []
