@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--all-clusters", action="store_true", help="every clustered config, not the top")
+    ap.add_argument("--all-walked", action="store_true", help="every config walking the slices, not the top")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     spec = load_or_calibrate(None)
@@ -54,8 +55,9 @@ def main():
             expect = x.double() @ w.double().T
             prob = Problem("linear", "csr", M, Kd, N, args.dtype, A.stats(), device=device_name())
             ranked = sorted(K.space(prob), key=lambda c: model.predict(K.features(prob, c), spec, args.dtype))
-            picks = [c for c in ranked if c.ck == 1][:args.top]
+            picks = [c for c in ranked if c.ck == 1 and not c.stream_x][:args.top]
             picks += [c for c in ranked if c.ck > 1][:None if args.all_clusters else args.top]
+            picks += [c for c in ranked if c.stream_x][:None if args.all_walked else args.top]
             cuda.precompile([i for c in picks for i in K.instances(prob, c)])
             dense = cold(lambda: F.linear(x, w))
             res = []
@@ -65,9 +67,10 @@ def main():
                 err = ((out.double() - expect).norm() / expect.norm()).item()
                 t = cold(lambda: K.launch(A, x, out, c)) if err < 2e-2 else None
                 pred = model.predict(K.features(prob, c), spec, args.dtype)
-                res.append(dict(config=str(c), ck=c.ck, s=t, err=err, pred=pred))
+                res.append(dict(config=str(c), ck=c.ck, walked=c.stream_x, s=t, err=err, pred=pred))
                 K.release_unused(A, [])
-            for kind, sel in (("plain", [r for r in res if r["ck"] == 1]), ("cluster", [r for r in res if r["ck"] > 1])):
+            for kind, sel in (("plain", [r for r in res if r["ck"] == 1 and not r["walked"]]),
+                              ("cluster", [r for r in res if r["ck"] > 1]), ("walked", [r for r in res if r["walked"]])):
                 ok = [r for r in sel if r["s"]]
                 bad = [r for r in sel if not r["s"]]
                 best = min(ok, key=lambda r: r["s"]) if ok else None
