@@ -2,8 +2,7 @@
 
 Rows are taken in `A.row_order` (longest first) in groups of R (one warp's rows) and K is cut
 in slices of KS columns (one CTA's shared-memory copy of x). Blocks are stored slice by slice,
-so the consecutive groups a warp serves in one slice are one contiguous stream, or (group major)
-group by group, so a warp that walks every slice of its group reads one contiguous stream. For each block,
+so the consecutive groups a warp serves in one slice are one contiguous stream. For each block,
 slot j of every row of the group lies side by side, 4 slots per row at a time, so a warp reads
 its R rows' next 4 nonzeros with one coalesced 16-byte load per lane:
 
@@ -35,20 +34,18 @@ class SlicedELL:
     rows: torch.Tensor  # int32 (groups * R,): the row behind each team; -1 past the last row
     groups: int
     slices: int
-    group_major: bool = False  # blocks in (group, slice) order, else (slice, group)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.words, self.offsets, self.rows))
 
 
-def sliced_ell(A: CSR, rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int = 1,
-               group_major: bool = False) -> SlicedELL:
+def sliced_ell(A: CSR, rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int = 1) -> SlicedELL:
     """A's sliced ELL for R = rows_per_group rows per group, slices of k_slice columns and
     `phases` (P) bank positions, memoised on A. With `lanes_per_row` > 1 lanes splitting each
     row's chunks (chunk q, q + lanes, ...), a block holds a multiple of that many chunks."""
-    key = memo_key(rows_per_group, k_slice, phases, lanes_per_row, group_major)
-    return memo(A, key, lambda: _build(A, rows_per_group, k_slice, phases, lanes_per_row, group_major))
+    key = memo_key(rows_per_group, k_slice, phases, lanes_per_row)
+    return memo(A, key, lambda: _build(A, rows_per_group, k_slice, phases, lanes_per_row))
 
 
 def drop_sliced_ell(A: CSR, keep: set[str] = frozenset()) -> None:
@@ -57,11 +54,11 @@ def drop_sliced_ell(A: CSR, keep: set[str] = frozenset()) -> None:
         del A.__dict__[key]
 
 
-def memo_key(rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int = 1, group_major: bool = False) -> str:
-    return f"_sliced_ell_{rows_per_group}_{k_slice}_{phases}_{lanes_per_row}" + ("_gm" if group_major else "")
+def memo_key(rows_per_group: int, k_slice: int, phases: int, lanes_per_row: int = 1) -> str:
+    return f"_sliced_ell_{rows_per_group}_{k_slice}_{phases}_{lanes_per_row}"
 
 
-def _build(A: CSR, R: int, KS: int, P: int, Q: int, group_major: bool = False) -> SlicedELL:
+def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     M, K = A.shape
     if A.values.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
@@ -85,9 +82,8 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int, group_major: bool = False) -
     bucket = (row * S + s) * P + res
     rank = _rank_within(bucket)
     slot_key = rank * P + (res - t % P) % P
-    # final order: block (s, g) (or (g, s)), team t, slot key; j = index within (block, t)
-    blk = g * S + s if group_major else s * G + g
-    team = blk * R + t
+    # final order: block (s, g), team t, slot key; j = index within (s, g, t)
+    team = (s * G + g) * R + t
     order = torch.argsort(team * (KS + P) + slot_key, stable=True)
     team_sorted = team[order]
     j = _rank_within_sorted(team_sorted)
@@ -106,14 +102,14 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int, group_major: bool = False) -
     pad_j = (within // (U * R)) * U + within % U
     words = (KS + (pad_t % P + pad_j) % P) << 16
     # the nonzeros
-    b = blk[order]
+    b = (s * G + g)[order]
     where = offsets[b] + (j // U) * (U * R) + t[order] * U + j % U
     bits = A.values.view(torch.int16).long() & 0xFFFF
     words[where] = (local[order] << 16) | bits[order]
     words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     rows = torch.full((G * R,), -1, dtype=torch.int32, device=dev)
     rows[:M] = A.row_order
-    return SlicedELL(words.contiguous(), offsets.to(torch.int32), rows, G, S, group_major)
+    return SlicedELL(words.contiguous(), offsets.to(torch.int32), rows, G, S)
 
 
 def _rank_within(key: torch.Tensor) -> torch.Tensor:
@@ -145,10 +141,7 @@ def to_dense(ell: SlicedELL, shape: tuple[int, int], k_slice: int, dtype: torch.
     sizes = (ell.offsets[1:] - ell.offsets[:-1]).long()
     block = torch.repeat_interleave(torch.arange(ell.slices * ell.groups, device=sizes.device), sizes)
     within = torch.arange(ell.words.numel(), device=sizes.device) - ell.offsets[:-1].long()[block]
-    if ell.group_major:
-        g, s = block // ell.slices, block % ell.slices
-    else:
-        s, g = block // ell.groups, block % ell.groups
+    s, g = block // ell.groups, block % ell.groups
     t = (within % (U * R)) // U
     words = ell.words.long() & 0xFFFFFFFF
     local, bits = words >> 16, words & 0xFFFF

@@ -50,7 +50,6 @@ MAX_SLICES = 64
 MAX_PARTIALS_BYTES = 256 << 20  # split-K's fp32 partials (4 x tokens x slices x rows): past this, no split
 MAX_TOKEN_TILES = 65535  # the grid's z
 MAX_CLUSTER = 8  # the portable cluster size: a clustered row block holds at most this many slices
-MAX_WALKED_SLICES = 31  # a lane holds where each slice starts
 # Wide N: each token tile streams the weight again, so past this many tokens only very sparse
 # weights (Sputnik's regime) are worth trying
 WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
@@ -68,7 +67,6 @@ class Config:
     qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
     kw: int = 1  # warps sharing each group's chunks (a CTA holds warps / kw rows of warps)
     ck: int = 1  # > 1: the slices (exactly ck) of a row block form a cluster (sm_90)
-    stream_x: bool = False  # one CTA walks every slice, staging the next slice of x during this one's arithmetic
 
 
 def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
@@ -83,13 +81,7 @@ def _smem_bytes(config: Config) -> int:
     sums = config.warps * 32 * 8 * 4 if config.kw > 1 else 0
     _, R, P = _team(config.nt, config.qs)
     shared = config.warps // config.kw * config.gpw * R * config.nt * 4 if config.ck > 1 else 0
-    return (config.ks + P) * config.nt * 2 * (2 if config.stream_x else 1) + sums + shared
-
-
-def _x_units_per_warp(config: Config) -> int:
-    """Units of x (32 columns x 8 tokens) each warp stages per slice; walking the slices holds
-    them in registers while the slice before is computed."""
-    return math.ceil(config.ks // 32 * config.nt // 8 / config.warps)
+    return (config.ks + P) * config.nt * 2 + sums + shared
 
 
 def available(device) -> bool:
@@ -118,9 +110,6 @@ def space(problem: Problem) -> list[Config]:
                        if warps % kw == 0 for gpw in SHARED_GROUPS]
         if hopper and 1 < slices <= MAX_CLUSTER:
             candidates += [dataclasses.replace(c, ck=slices) for c in candidates]
-        if 1 < slices <= MAX_WALKED_SLICES:  # one CTA walks the slices: one group per warp
-            candidates += [dataclasses.replace(c, stream_x=True) for c in candidates
-                           if c.gpw == 1 and c.ck == 1 and _x_units_per_warp(c) <= 2]
         for cfg in candidates:
             if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
@@ -130,7 +119,7 @@ def space(problem: Problem) -> list[Config]:
 
 def _partials_bytes(problem: Problem, config: Config) -> int:
     slices = math.ceil(problem.k / config.ks)
-    if slices == 1 or config.ck > 1 or config.stream_x:
+    if slices == 1 or config.ck > 1:
         return 0
     rows = math.ceil(problem.m / _team(config.nt, config.qs)[1]) * _team(config.nt, config.qs)[1]
     return 4 * math.ceil(problem.n / config.nt) * config.nt * slices * rows
@@ -138,8 +127,7 @@ def _partials_bytes(problem: Problem, config: Config) -> int:
 
 def _ctas(problem: Problem, config: Config) -> int:
     groups = math.ceil(problem.m / _team(config.nt, config.qs)[1])
-    slices = 1 if config.stream_x else math.ceil(problem.k / config.ks)
-    return _row_blocks(groups, config) * slices * math.ceil(problem.n / config.nt)
+    return _row_blocks(groups, config) * math.ceil(problem.k / config.ks) * math.ceil(problem.n / config.nt)
 
 
 def _row_blocks(groups: int, config: Config) -> int:
@@ -169,10 +157,9 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     word_bytes = groups * R * slices * slots * 4
     x_bytes = problem.n * problem.k * 2
     y_bytes = problem.n * problem.m * 2
-    walked = slices if config.stream_x else 1  # slices one CTA walks
-    staged = programs * min(config.ks, problem.k) * walked * config.nt * 2  # every CTA's copies of x
+    staged = programs * min(config.ks, problem.k) * config.nt * 2  # every CTA's copy of its x slice
     partials = 2 * _partials_bytes(problem, config)  # (a cluster's sums stay on chip)
-    steps = config.gpw * walked * slots / (SLOTS_PER_LOAD * config.qs * config.kw)
+    steps = config.gpw * slots / (SLOTS_PER_LOAD * config.qs * config.kw)
     return KernelFeatures(
         programs=programs,
         tiles=programs,
@@ -185,7 +172,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         smem_bytes=_smem_bytes(config),
         num_warps=config.warps,
         num_stages=4,  # three 16-byte loads of words in flight per lane
-        split_k=1 if config.ck > 1 or config.stream_x else slices,
+        split_k=1 if config.ck > 1 else slices,
         launches=1,
         reduce_bytes=partials,
         regs_per_thread=64,  # the kernel's launch bounds cap it there
@@ -195,7 +182,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
 def layout(A: CSR, config: Config):
     """The sliced ELL copy this config streams (built once per weight and memoised)."""
     _, R, P = _team(config.nt, config.qs)
-    return sliced_ell(A, R, config.ks, P, config.qs, config.stream_x)
+    return sliced_ell(A, R, config.ks, P, config.qs)
 
 
 def release_unused(A: CSR, configs) -> None:
@@ -204,7 +191,7 @@ def release_unused(A: CSR, configs) -> None:
     for c in configs:
         if isinstance(c, Config):
             _, R, P = _team(c.nt, c.qs)
-            keep.add(memo_key(R, c.ks, P, c.qs, c.stream_x))
+            keep.add(memo_key(R, c.ks, P, c.qs))
     drop_sliced_ell(A, keep)
 
 
@@ -222,8 +209,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
-        **({"XSTREAM": 1} if config.stream_x else {})},
+        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {})},
         arch_specific=config.ck > 1)
 
 
@@ -255,14 +241,10 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     if config.ck > 1 and (math.ceil(K / config.ks) != config.ck or _capability(x.device.index) != (9, 0)):
         raise ValueError(f"a cluster holds a row block's K slices, exactly {math.ceil(K / config.ks)} of "
                          f"{config.ks} columns here, and needs sm_90: got {config}")
-    if config.stream_x and (config.gpw != 1 or config.ck != 1 or math.ceil(K / config.ks) > MAX_WALKED_SLICES
-                            or _x_units_per_warp(config) > 2):
-        raise ValueError(f"walking the slices takes one group per warp, no cluster, at most {MAX_WALKED_SLICES} "
-                         f"slices and 2 units of x per warp: got {config} for K = {K}")
     ell = layout(A, config)
     _, R, _ = _team(config.nt, config.qs)
-    grid = (_row_blocks(ell.groups, config), 1 if config.stream_x else ell.slices, math.ceil(N / config.nt))
-    if ell.slices > 1 and config.ck == 1 and not config.stream_x:
+    grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
+    if ell.slices > 1 and config.ck == 1:
         ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, grid[0] * grid[2])
     else:

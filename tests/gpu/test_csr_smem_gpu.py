@@ -108,28 +108,6 @@ def test_clusters_of_a_row_blocks_slices(dtype, N):
     assert seen == {2, 3, 4, 6, 8}
 
 
-@pytest.mark.parametrize("dtype, N", [(torch.float16, 7), (torch.float16, 16), (torch.float16, 33),
-                                      (torch.bfloat16, 16)])
-def test_one_cta_walking_the_slices(dtype, N):
-    """stream_x: every walked config here (slice widths, warps sharing a group, lanes per row), a K
-    tail in the last slice, rows past M, tokens past N; the epilogue, and x at a generic stride
-    (staged between the slices instead of during them)."""
-    M, Kd = 1000, 3000
-    w, A = random_csr(M, Kd, 0.1, dtype, Kd + N)
-    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
-    walked = [c for c in configs(A, N) if c.stream_x]
-    assert len({c.ks for c in walked}) >= 2 and len({c.kw for c in walked}) >= 2
-    for cfg in walked:
-        check(A, w, x, cfg)
-    bias = torch.randn(M, device="cuda", dtype=dtype)
-    res = torch.randn(N, M, device="cuda", dtype=dtype)
-    xt = torch.randn(Kd, N, device="cuda", dtype=dtype).T  # tokens contiguous: the generic staging
-    assert not K._pairs_of_x(xt)
-    for cfg in (walked[0], walked[-1]):
-        check(A, w, x, cfg, bias=bias, residual=res, activation="silu", scale=0.5)
-        check(A, w, xt, cfg, bias=bias)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M, Kd", [(1, 5), (17, 33), (100, 300), (1000, 777), (4096, 4096)])
 @pytest.mark.parametrize("N", [1, 7, 33, 77])

@@ -21,12 +21,11 @@ def random_csr(M, Kd, density, dtype=torch.float16, seed=0):
 @pytest.mark.parametrize("nt", [8, 16, 32])
 @pytest.mark.parametrize("ks", [256, 1024])
 @pytest.mark.parametrize("lanes", [1, 4])
-@pytest.mark.parametrize("group_major", [False, True])
-def test_layout_round_trips(dtype, M, Kd, density, nt, ks, lanes, group_major):
+def test_layout_round_trips(dtype, M, Kd, density, nt, ks, lanes):
     w, A = random_csr(M, Kd, density, dtype, seed=M + Kd + nt)
     team = nt // 8
     R, P = 32 // (team * lanes), 8 // team
-    ell = sliced_ell(A, R, ks, P, lanes, group_major)
+    ell = sliced_ell(A, R, ks, P, lanes)
     assert ell.groups == -(-M // R) and ell.slices == -(-Kd // ks)
     assert torch.equal(to_dense(ell, (M, Kd), ks, dtype), w.double())
     sizes = ell.offsets[1:] - ell.offsets[:-1]
@@ -36,33 +35,6 @@ def test_layout_round_trips(dtype, M, Kd, density, nt, ks, lanes, group_major):
     local = (ell.words.long() & 0xFFFFFFFF) >> 16
     pad = local >= ks
     assert (local[pad] < ks + P).all()
-
-
-def test_group_major_keeps_a_groups_slices_together():
-    """The walked layout holds the same blocks as the slice-major one, group by group."""
-    _, A = random_csr(100, 3000, 0.1, torch.float16, seed=9)
-    a, b = sliced_ell(A, 16, 512, 4), sliced_ell(A, 16, 512, 4, 1, True)
-    S, G = a.slices, a.groups
-    for g in range(G):
-        for s in range(S):
-            x = a.words[a.offsets[s * G + g]:a.offsets[s * G + g + 1]]
-            y = b.words[b.offsets[g * S + s]:b.offsets[g * S + s + 1]]
-            assert torch.equal(x, y)
-
-
-def test_space_walks_the_slices_with_one_group_per_warp():
-    prob = problem(4096, 4096, 16)
-    walked = [c for c in K.space(prob) if c.stream_x]
-    assert walked and {c.gpw for c in walked} == {1} and {c.ck for c in walked} == {1}
-    for c in walked:
-        assert K._x_units_per_warp(c) <= 2 and 4096 // c.ks > 1
-        f = K.features(prob, c)
-        assert (f.split_k, f.reduce_bytes) == (1, 0)
-        assert K._smem_bytes(c) == 2 * (c.ks + 4) * 16 * 2 + (c.warps * 1024 if c.kw > 1 else 0)
-    _, A = random_csr(8, 1000, 0.5)
-    x, out = torch.randn(2, 1000, dtype=torch.float16), torch.empty(2, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="walking the slices"):
-        K.launch(A, x, out, K.Config(8, 256, 4, gpw=2, stream_x=True))
 
 
 def test_a_quarter_warp_mostly_reads_distinct_bank_positions():
@@ -113,7 +85,7 @@ def test_space_token_tile(N, nt):
         assert K._smem_bytes(c) <= K.SMEM_LIMIT
         f = K.features(problem(256, 4096, N), c)
         assert f.programs > 0 and f.dram_bytes > 0 and f.fma_flops > 0
-        assert f.split_k == (1 if c.ck > 1 or c.stream_x else -(-4096 // c.ks))
+        assert f.split_k == (1 if c.ck > 1 else -(-4096 // c.ks))
 
 
 def test_space_shares_groups_between_warps_with_room_for_their_sums():
@@ -121,7 +93,7 @@ def test_space_shares_groups_between_warps_with_room_for_their_sums():
     sums, and each warp's steps shrink kw-fold while the CTA holds warps / kw rows of warps."""
     prob = problem(4096, 4096, 8)
     configs = K.space(prob)
-    shared = [c for c in configs if c.kw > 1 and c.ck == 1 and not c.stream_x]
+    shared = [c for c in configs if c.kw > 1 and c.ck == 1]
     assert {c.kw for c in shared} == set(K.WARPS_PER_GROUP)
     for c in shared:
         assert c.warps % c.kw == 0 and c.qs == 1

@@ -30,9 +30,6 @@
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
-//   XSTREAM        1: one CTA walks all the slices of its rows (grid y = 1), staging slice s + 1 of x
-//                  (registers, then the second of two buffers) while slice s is computed, so
-//                  staging overlaps the arithmetic without partial sums (GPW = 1; at most 31 slices)
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -46,9 +43,6 @@
 #endif
 #ifndef CK
 #define CK 1
-#endif
-#ifndef XSTREAM
-#define XSTREAM 0
 #endif
 #if CK > 1
 #include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
@@ -70,8 +64,6 @@ static_assert(QS == 1 || QS == 2 || QS == 4, "QS must be 1, 2 or 4");
 static_assert(KS % 32 == 0, "KS must be a multiple of 32");
 static_assert(KW >= 1 && WARPS % KW == 0, "KW must divide WARPS");
 static_assert(CK >= 1 && CK <= 8, "CK must be in 1..8");
-static_assert(!XSTREAM || (GPW == 1 && CK == 1), "walking the slices: one group per warp, no cluster");
-constexpr int X_BUF = (KS + P) * TEAM;  // one staged slice of x, in 16-byte vectors
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
 #if SPARTUNE_BF16
@@ -178,80 +170,48 @@ __device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0,
 // where x's rows are contiguous and pairs of columns 4-byte aligned: a warp loads 8 tokens x 32
 // columns as 32-bit pairs (an 8 x 8 block per register), a batch of units in flight at once,
 // and `stmatrix.trans` writes each block's columns as 16-byte rows of 8 tokens (Hopper).
-constexpr int X_UNITS = KS / 32 * TEAM;  // (32 columns, 8 tokens) per unit
-constexpr int X_PER_WARP = (X_UNITS + WARPS - 1) / WARPS;
-static_assert(!XSTREAM || X_PER_WARP <= 2, "walking the slices holds a warp's units of x in registers: at most 2");
-
-// units u0, u0 + WARPS, ... (B of them) of the slice at k0 into registers
-template <int B>
-__device__ __forceinline__ void load_x_units(unsigned (&v)[B][4], const unsigned short* __restrict__ x, int N,
-                                             int K, long long sxn, int n0, int k0, int u0, int lane) {
-  const int r = lane / 4, c2 = (lane % 4) * 2;  // the pair this lane holds: token r, columns c2, c2 + 1
-#pragma unroll
-  for (int b = 0; b < B; ++b) {
-    const int u = u0 + b * WARPS;
-    const int kb = (u / TEAM) * 32, tb = u % TEAM;
-    const int n = n0 + tb * 8 + r;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int k = k0 + kb + j * 8 + c2;
-      unsigned w = 0;
-      if (u < X_UNITS && n < N) {
-        const unsigned short* p = x + n * sxn + k;
-        if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(p);
-        else if (k < K) w = *p;
-      }
-      v[b][j] = w;
-    }
-  }
-}
-
-template <int B>
-__device__ __forceinline__ void store_x_units(const unsigned (&v)[B][4], uint4* xs, int u0, int lane) {
+__device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
+                                              long long sxn, int n0, int k0, int warp, int lane) {
 #if __CUDA_ARCH__ >= 900
+  constexpr int UNITS = KS / 32 * TEAM;  // (32 columns, 8 tokens) per unit
+  constexpr int PER_WARP = (UNITS + WARPS - 1) / WARPS;
+  constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
+  constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
+  const int r = lane / 4, c2 = (lane % 4) * 2;  // the pair this lane holds: token r, columns c2, c2 + 1
+  for (int u0 = warp; u0 < UNITS; u0 += WARPS * BATCH) {
+    unsigned v[BATCH][4];
 #pragma unroll
-  for (int b = 0; b < B; ++b) {
-    const int u = u0 + b * WARPS;
-    if (u >= X_UNITS) break;  // warp-uniform
-    const int kb = (u / TEAM) * 32, tb = u % TEAM;
-    // lane 8j + i names row i of block j: column kb + 8j + i of the slice
-    const uint4* row = xs + (kb + lane) * TEAM + tb;
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
-                 :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
+    for (int b = 0; b < BATCH; ++b) {
+      const int u = u0 + b * WARPS;
+      const int kb = (u / TEAM) * 32, tb = u % TEAM;
+      const int n = n0 + tb * 8 + r;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k = k0 + kb + j * 8 + c2;
+        unsigned w = 0;
+        if (u < UNITS && n < N) {
+          const unsigned short* p = x + n * sxn + k;
+          if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(p);
+          else if (k < K) w = *p;
+        }
+        v[b][j] = w;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int u = u0 + b * WARPS;
+      if (u >= UNITS) break;  // warp-uniform
+      const int kb = (u / TEAM) * 32, tb = u % TEAM;
+      // lane 8j + i names row i of block j: column kb + 8j + i of the slice
+      const uint4* row = xs + (kb + lane) * TEAM + tb;
+      const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                   :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
+    }
   }
 #else
   __trap();  // the host asks for it on Hopper only
 #endif
-}
-
-__device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
-                                              long long sxn, int n0, int k0, int warp, int lane) {
-  constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
-  constexpr int BATCH = X_PER_WARP < MAX_BATCH ? X_PER_WARP : MAX_BATCH;  // units in flight per warp
-  for (int u0 = warp; u0 < X_UNITS; u0 += WARPS * BATCH) {
-    unsigned v[BATCH][4];
-    load_x_units<BATCH>(v, x, N, K, sxn, n0, k0, u0, lane);
-    store_x_units<BATCH>(v, xs, u0, lane);
-  }
-}
-
-// The same for any strides, one 16-byte vector of 8 tokens per item (unrolled two at a time).
-__device__ __forceinline__ void stage_x_any(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
-                                            long long sxn, long long sxk, int n0, int k0, int tid) {
-#pragma unroll 2
-  for (int item = tid; item < KS * TEAM; item += THREADS) {
-    const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
-    const int kk = k0 + k;
-    unsigned short v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int n = n0 + tb * 8 + i;
-      v[i] = (kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
-    }
-    xs[item] = make_uint4(v[0] | (static_cast<unsigned>(v[1]) << 16), v[2] | (static_cast<unsigned>(v[3]) << 16),
-                          v[4] | (static_cast<unsigned>(v[5]) << 16), v[6] | (static_cast<unsigned>(v[7]) << 16));
-  }
 }
 
 // at least 1024 threads per SM (<= 64 registers): the weight stream needs warps in flight
@@ -274,13 +234,11 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
-  // of this warp's stream (walking the slices: where slice i of the group starts; the layout keeps
-  // a group's slices together); the first three loads fly while x is staged
+  // of this warp's stream; the first three loads fly while x is staged
   int start = 0;
-  if (XSTREAM && gn > 0 && lane <= slices) start = offsets[g0 * slices + lane] / 4;
-  if (!XSTREAM && gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
+  if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
-  const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, XSTREAM ? slices : gn) - base) / (R * QS) : 0;
+  const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / (R * QS) : 0;  // steps
   const uint4* wp = words + base + q * R + t;
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -290,24 +248,37 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   uint4 c2 = c + 2 * KW < total ? load_stream(wp + (c + 2 * KW) * STEP) : zero;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
-  // (in each buffer when the CTA walks the slices)
-  if (x_pairs) stage_x_pairs(xs, x, N, K, sxn, n0, k0, warp, lane);  // the host sets it on Hopper only
-  else stage_x_any(xs, x, N, K, sxn, sxk, n0, k0, tid);
-  for (int item = tid; item < P * TEAM; item += THREADS) {
-    xs[KS * TEAM + item] = zero;
-    if (XSTREAM) xs[X_BUF + KS * TEAM + item] = zero;
+  // (generic strides: items unrolled two at a time)
+  if (x_pairs) {  // the host sets it on Hopper only
+    stage_x_pairs(xs, x, N, K, sxn, n0, k0, warp, lane);
+    for (int item = KS * TEAM + tid; item < (KS + P) * TEAM; item += THREADS) xs[item] = zero;
+  } else {
+#pragma unroll 2
+    for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
+      const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
+      const int kk = k0 + k;
+      unsigned short v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int n = n0 + tb * 8 + i;
+        v[i] = (k < KS && kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
+      }
+      xs[item] = make_uint4(v[0] | (static_cast<unsigned>(v[1]) << 16), v[2] | (static_cast<unsigned>(v[3]) << 16),
+                            v[4] | (static_cast<unsigned>(v[5]) << 16), v[6] | (static_cast<unsigned>(v[7]) << 16));
+    }
   }
   __syncthreads();
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
-  float* sums = reinterpret_cast<float*>(xs + (XSTREAM + 1) * X_BUF);  // KW > 1: [warp][i][lane]
+  float* sums = reinterpret_cast<float*>(xs + (KS + P) * TEAM);  // KW > 1: [warp][i][lane]
   float* red = sums + (KW > 1 ? WARPS * 8 * 32 : 0);
-  const Partials part{ws, red, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s,
-                      XSTREAM ? 1 : slices};
+  const Partials part{ws, red, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  // this warp's steps up to `end` against the staged x at `xs_lane`
-  auto walk = [&](int end, const uint4* xs_lane) {
+  const uint4* xs_lane = xs + h;
+  // with KW > 1 every warp runs GPW rounds (the CTA meets in shared memory after each)
+  for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
+    const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
     for (; c < end; c += KW) {
       const uint4 next = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
       fma_chunk(acc, a, xs_lane);
@@ -315,32 +286,13 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       b = c2;
       c2 = next;
     }
-  };
-  // with KW > 1 (or the slices walked) every warp runs GPW rounds (the CTA meets in shared memory)
-  for (int gi = 0; gi < (KW > 1 || XSTREAM ? GPW : gn); ++gi) {
-#if XSTREAM
-    // slice by slice: the next slice of x flies in registers while this one is computed, then lands
-    // in the other buffer (read two slices ago: every warp has passed the barrier since)
-    for (int sl = 0; sl < slices; ++sl) {
-      const bool more = sl + 1 < slices;
-      unsigned v[X_PER_WARP][4];
-      if (x_pairs && more) load_x_units<X_PER_WARP>(v, x, N, K, sxn, n0, (sl + 1) * KS, warp, lane);
-      walk((__shfl_sync(0xffffffffu, start, sl + 1) - base) / (R * QS), xs + (sl & 1) * X_BUF + h);
-      uint4* next_buf = xs + ((sl + 1) & 1) * X_BUF;
-      if (more && x_pairs) store_x_units<X_PER_WARP>(v, next_buf, warp, lane);
-      else if (more) stage_x_any(next_buf, x, N, K, sxn, sxk, n0, (sl + 1) * KS, tid);
-      __syncthreads();
-    }
-#else
-    walk((__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS), xs + h);
-#endif
 #pragma unroll
     for (int i = 0; i < 8; ++i) {  // the row's K parts meet in lane q = 0
       if (QS >= 2) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], QLANES);
       if (QS >= 4) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2 * QLANES);
     }
     if (KW == 1) {
-      if (q == 0 && gi < gn) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+      if (q == 0) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) sums[(warp * 8 + i) * 32 + lane] = acc[i];
@@ -386,7 +338,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
   return;
 #endif
-  if (XSTREAM || slices == 1) return;
+  if (slices == 1) return;
 
   // split K: the last CTA of this row block and token tile sums the slices' partials in order
   __threadfence();
