@@ -51,6 +51,11 @@ FINALISTS, FINAL_MARGIN = 3, 1.15
 # good (13B up, N = 1; benchmarks/LOG.md, session 18). (Exhaustive data, which the model is fitted
 # on, keeps every first timing.)
 RETIME_ABOVE = 4.0
+# A stored choice is doubted, and the problem tuned once more, when its tuning timed another
+# candidate past RETIME_ABOVE x its prediction though the model had it DOUBT_MARGIN x faster than
+# what was stored: a transient that outlasted the re-time would otherwise stay in the DB until the
+# software changes. A problem is re-tuned so once: the second tuning's choice stands.
+DOUBT_MARGIN = 1.5
 
 
 def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> int:
@@ -159,6 +164,8 @@ class Tuner:
         choice = self._memo.get(key)
         if choice is None:
             stored = self._stored(problem)
+            if stored is not None and self._doubtful(problem, stored):
+                stored = None
             if stored is not None and rebuild is not None:
                 config = rebuild(stored["backend"], stored["config"])
                 if config is not stale:
@@ -178,6 +185,19 @@ class Tuner:
         if stored is not None and _STRENGTH.get(stored["mode"], -1) >= _STRENGTH[self.mode]:
             return stored
         return None
+
+    def _doubtful(self, problem: Problem, stored: dict) -> bool:
+        """Whether the stored choice's one tuning shows a transient's mark (DOUBT_MARGIN)."""
+        if stored["seconds"] is None:
+            return False
+        rows = self.db.results(self.db.key(problem))
+        if len({r["created"] for r in rows}) != 1:  # never measured here, or tuned again already
+            return False
+        chosen = (stored["backend"], canonical(stored["config"]))
+        return any(r["seconds"] is not None and r["predicted"] is not None
+                   and (r["backend"], canonical(r["config"])) != chosen
+                   and r["predicted"] * DOUBT_MARGIN < stored["seconds"]
+                   and r["seconds"] > RETIME_ABOVE * r["predicted"] for r in rows)
 
     def predicted(self, candidate: Candidate, dtype) -> float:
         if candidate.predicted is not None:

@@ -161,6 +161,35 @@ def test_a_candidate_timed_far_past_its_prediction_is_timed_again():
     assert [c for _, c in m.calls].count(Cfg(bn=64)) == 1
 
 
+def test_a_stored_choice_with_a_transients_mark_is_tuned_once_more(tmp_path):
+    """A transient that outlasts the re-time (the best candidate slow both times) stores dense; the
+    next process doubts that entry (a candidate the model had far faster measured past 4x its
+    prediction), tunes again and stores the sparse winner; from then on the DB answers alone. A
+    choice without that mark, or one tuned twice already, is served without a measurement."""
+    db = TuningDB(tmp_path / "t.sqlite", VERSIONS)
+    cands, m = space(n=4, measured={i: 40e-6 for i in range(4)})  # predicted 1-4 us, dense 50 us
+    assert tuner(m, db=db).pick(problem(), cands).config == Cfg(bn=16)  # 40 us, still under dense
+    cands, m = space(n=4, measured={i: 80e-6 for i in range(4)})
+    first = tuner(m, db=db).pick(problem(n=16), cands)
+    assert first.backend == "dense"
+    cands, healthy = space(n=4)
+    again = tuner(healthy, db=db).pick(problem(n=16), cands)
+    assert again.backend == "blocked" and healthy.calls
+    cands, later = space(n=4, measured={i: 80e-6 for i in range(4)})
+    assert tuner(later, db=db).pick(problem(n=16), cands, rebuild=lambda b, c: Cfg(**c["fields"])).backend == "blocked"
+    assert later.calls == []  # tuned twice: the DB answers
+    # a choice whose tuning shows no transient is served from the DB at once
+    cands, m = space(n=4, measured={0: 3e-6})
+    tuner(m, db=db).pick(problem(n=32), cands)
+    cands, m2 = space(n=4)
+    tuner(m2, db=db).pick(problem(n=32), cands, rebuild=lambda b, c: Cfg(**c["fields"]))
+    assert m2.calls == []
+    # the first tuning above timed every candidate at 10-40x its prediction: doubted too, once
+    cands, m3 = space(n=4)
+    assert tuner(m3, db=db).pick(problem(), cands, rebuild=lambda b, c: Cfg(**c["fields"])).measured == 1.1e-6
+    assert m3.calls
+
+
 def test_a_one_argument_measurer_still_works():
     cands, m = space(measured={2: 0.5e-6})
     choice = tuner(lambda c: m(c)).pick(problem(), cands)
