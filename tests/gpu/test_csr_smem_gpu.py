@@ -69,7 +69,7 @@ def test_across_the_space(dtype, N):
     each template parameter in every value it takes."""
     w, A = random_csr(300, 3000, 0.1, dtype, N)
     x = torch.randn(N, 3000, device="cuda", dtype=dtype)
-    space = configs(A, N)
+    space = [c for c in configs(A, N) if c.ck == 1]  # (clusters: their own test)
     chosen = [c for c in space if c.kw == 1 and (c.ks == 1024 or (c.qs == 1 and c.gpw == 1))]
     assert {c.qs for c in chosen} == set(K.LANES_PER_ROW) and len({c.ks for c in chosen}) >= 3
     chosen += [K.Config(c.nt, c.ks, c.warps, c.gpw, 4) for c in chosen if c.qs == 2]  # the kernel's QS = 4
@@ -195,15 +195,18 @@ def test_cuda_graph_capture(dtype):
     w, A = random_csr(M, Kd, 0.1, dtype, 5)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
     out = torch.empty(N, M, device="cuda", dtype=dtype)
-    cfg = min(configs(A, N), key=lambda c: (c.ks, -c.qs))  # split K: partials and the arrival counters
-    run(A, x, cfg, out=out)
-    graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
-    for _ in range(3):  # replays leave the counters at zero
-        out.fill_(float("nan"))
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel(out, reference(x, w)) <= TOL
+    found = configs(A, N)
+    split = min((c for c in found if c.ck == 1), key=lambda c: (c.ks, -c.qs))  # partials, arrival counters
+    clustered = [c for c in found if c.ck > 1][:1]  # (sm_90)
+    for cfg in [split, *clustered]:
+        run(A, x, cfg, out=out)
+        graph = helpers.capture(lambda: K.launch(A, x, out, cfg))
+        for _ in range(3):  # replays leave the counters at zero
+            out.fill_(float("nan"))
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel(out, reference(x, w)) <= TOL, cfg
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
