@@ -176,6 +176,12 @@ class TuningDB:
             return None
         return {"backend": row[0], "config": json.loads(row[1]), "seconds": row[2], "predicted": row[3], "mode": row[4]}
 
+    def tunings(self, key: str) -> int:
+        """How many tunings stored measurements of this problem (their distinct times)."""
+        row = self._run(lambda c: c.execute(
+            "SELECT COUNT(DISTINCT created) FROM results WHERE problem=?", (key,)).fetchone())
+        return row[0] if row else 0
+
     def record(self, key: str, results: list[dict], best: dict | None = None) -> None:
         """Store measurements (dicts with backend, config, seconds, error, predicted) and, if
         given, the chosen best ({backend, config, seconds, predicted, mode}) in one transaction."""

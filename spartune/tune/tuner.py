@@ -54,7 +54,8 @@ RETIME_ABOVE = 4.0
 # A stored choice is doubted, and the problem tuned once more, when its tuning timed another
 # candidate past RETIME_ABOVE x its prediction though the model had it DOUBT_MARGIN x faster than
 # what was stored: a transient that outlasted the re-time would otherwise stay in the DB until the
-# software changes. A problem is re-tuned so once: the second tuning's choice stands.
+# software changes. A problem is re-tuned so once: the second tuning's choice stands (where the DB
+# cannot be written, once per process).
 DOUBT_MARGIN = 1.5
 
 
@@ -163,15 +164,25 @@ class Tuner:
             key = problem.key()
         choice = self._memo.get(key)
         if choice is None:
+            built = []
+
+            def cands():  # built once, on a miss only
+                if not built:
+                    built.append(list(candidates() if callable(candidates) else candidates))
+                return built[0]
+
             stored = self._stored(problem)
             if stored is not None and self._doubtful(problem, stored):
-                stored = None
-            if stored is not None and rebuild is not None:
+                try:
+                    choice = self._tune(problem, cands())
+                except RuntimeError:  # nothing ran correctly this time: the stored choice stands
+                    choice = None
+            if choice is None and stored is not None and rebuild is not None:
                 config = rebuild(stored["backend"], stored["config"])
                 if config is not stale:
                     choice = Choice(stored["backend"], config, stored["predicted"], stored["seconds"])
             if choice is None:
-                choice = self._tune(problem, list(candidates() if callable(candidates) else candidates), stored)
+                choice = self._tune(problem, cands(), stored)
             self._memo[key] = choice
         return choice
 
@@ -187,12 +198,15 @@ class Tuner:
         return None
 
     def _doubtful(self, problem: Problem, stored: dict) -> bool:
-        """Whether the stored choice's one tuning shows a transient's mark (DOUBT_MARGIN)."""
-        if stored["seconds"] is None:
+        """Whether the stored choice's one tuning shows a transient's mark (DOUBT_MARGIN). Fast
+        mode's entries only: exhaustive timings are never re-timed, so a miss there is the
+        model's error, and a model-mode tuner has no timing to replace one with."""
+        if self.mode != "fast" or stored["mode"] != "fast" or stored["seconds"] is None:
             return False
-        rows = self.db.results(self.db.key(problem))
-        if len({r["created"] for r in rows}) != 1:  # never measured here, or tuned again already
+        key = self.db.key(problem)
+        if self.db.tunings(key) != 1:  # tuned again already (an imported table counts as one tuning)
             return False
+        rows = self.db.results(key)
         chosen = (stored["backend"], canonical(stored["config"]))
         return any(r["seconds"] is not None and r["predicted"] is not None
                    and (r["backend"], canonical(r["config"])) != chosen

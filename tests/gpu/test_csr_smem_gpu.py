@@ -96,11 +96,14 @@ def test_clusters_of_a_row_blocks_slices(dtype, N):
         clustered = [c for c in configs(A, N) if c.ck > 1]
         for ck in sorted({c.ck for c in clustered}):
             mine = [c for c in clustered if c.ck == ck]
-            picks = {next(c for c in mine if c.kw == 1 and c.qs == 1 and c.gpw == 1),
-                     next(c for c in mine if c.qs == 2), max(mine, key=lambda c: c.gpw),
-                     next(c for c in mine if c.kw > 1)}
-            for cfg in picks:
-                check(A, w, x, cfg)
+            plain = next(c for c in mine if c.kw == 1 and c.qs == 1 and c.gpw == 1)
+            picks = {plain, next(c for c in mine if c.qs == 2), max(mine, key=lambda c: c.gpw),
+                     next(c for c in mine if c.kw > 1), K.Config(plain.nt, plain.ks, plain.warps, qs=4, ck=ck)}
+            for cfg in picks:  # element by element: a wrong row must not hide in the norm
+                out = run(A, x, cfg)
+                ref = reference(x, w)
+                torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=1e-2 * ref.abs().max().item(),
+                                           msg=str(cfg))
             bias = torch.randn(1000, device="cuda", dtype=dtype)
             res = torch.randn(N, 1000, device="cuda", dtype=dtype)
             check(A, w, x, mine[-1], bias=bias, residual=res, activation="gelu", scale=0.5)

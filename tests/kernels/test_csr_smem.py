@@ -85,7 +85,7 @@ def test_space_token_tile(N, nt):
         assert K._smem_bytes(c) <= K.SMEM_LIMIT
         f = K.features(problem(256, 4096, N), c)
         assert f.programs > 0 and f.dram_bytes > 0 and f.fma_flops > 0
-        assert f.split_k == (1 if c.ck > 1 else -(-4096 // c.ks))
+        assert f.split_k == -(-4096 // c.ks)
 
 
 def test_space_shares_groups_between_warps_with_room_for_their_sums():
@@ -107,8 +107,9 @@ def test_space_shares_groups_between_warps_with_room_for_their_sums():
 
 def test_clusters_hold_a_row_blocks_slices_on_hopper_only():
     """ck > 1: exactly the K slices of a row block (2..8), Hopper only; shared memory gains the
-    CTA's fp32 sums; no partials through global memory and no split-K fix-up in the features;
-    x's copies through L2 shrink with the slice."""
+    CTA's fp32 sums; the partials are read once from the peers instead of written and read back
+    through global memory (the barrier stands in the fix-up's place); x's copies through L2
+    shrink with the slice."""
     prob = problem(4096, 4096, 16)
     configs = K.space(prob)
     clustered = [c for c in configs if c.ck > 1]
@@ -120,7 +121,7 @@ def test_clusters_hold_a_row_blocks_slices_on_hopper_only():
         rows = c.warps // c.kw * c.gpw * (32 // (2 * c.qs))
         assert K._smem_bytes(c) == K._smem_bytes(plain) + rows * 16 * 4
         f, g = K.features(prob, c), K.features(prob, plain)
-        assert (f.split_k, f.reduce_bytes) == (1, 0) and g.split_k == c.ck and g.reduce_bytes > 0
+        assert f.split_k == g.split_k == c.ck and 0 < f.reduce_bytes == g.reduce_bytes / 2
         assert f.l2_bytes == g.l2_bytes
     whole = [c for c in configs if c.ks == 4096 and c.kw == 8 and c.gpw == 1 and c.warps == 16][0]
     split = [c for c in clustered if c.ks == 512 and c.kw == 1 and c.gpw == 1 and c.warps == 8][0]

@@ -190,6 +190,29 @@ def test_a_stored_choice_with_a_transients_mark_is_tuned_once_more(tmp_path):
     assert m3.calls
 
 
+def test_only_fast_entries_are_doubted_and_only_by_fast_tuners(tmp_path):
+    """Exhaustive timings are never re-timed (a miss there is the model's), and a model-mode tuner
+    has nothing better to store: both serve the stored choice. A doubted re-tune in which nothing
+    runs keeps the stored choice."""
+    def marked(mode):
+        db = TuningDB(tmp_path / f"{mode}.sqlite", VERSIONS)
+        cands, m = space(n=4, measured={i: 80e-6 for i in range(4)})
+        assert tuner(m, mode=mode, db=db).pick(problem(), cands).backend == "dense"
+        return db
+
+    rebuild = lambda b, c: None if c is None else Cfg(**c["fields"])  # noqa: E731
+    db = marked("exhaustive")
+    cands, m = space(n=4)
+    assert tuner(m, db=db).pick(problem(), cands, rebuild=rebuild).backend == "dense" and m.calls == []
+    db = marked("fast")
+    cands, m = space(n=4)
+    assert tuner(m, mode="model", db=db).pick(problem(), cands, rebuild=rebuild).backend == "dense"
+    assert m.calls == [] and db.tunings(db.key(problem())) == 1
+    cands, m = space(n=4, measured={i: RuntimeError("broken") for i in range(4)} | {"dense": RuntimeError("x")})
+    assert tuner(m, db=db).pick(problem(), cands, rebuild=rebuild).backend == "dense"  # re-tuned, failed
+    assert m.calls
+
+
 def test_a_one_argument_measurer_still_works():
     cands, m = space(measured={2: 0.5e-6})
     choice = tuner(lambda c: m(c)).pick(problem(), cands)

@@ -314,6 +314,8 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   }
 #if CK > 1
   // the cluster's slices meet: CTA `rank` sums every CK-th vector of 4 tokens over the CTAs in order
+  if (gridDim.y != CK) __trap();  // the host launches exactly CK slices (a cluster) per row block
+  __syncwarp();
   spartune::cluster_sync();  // every slice's sums written (release / acquire)
   const unsigned rank = spartune::cluster_rank();
   const float4* red4 = reinterpret_cast<const float4*>(red);
@@ -335,6 +337,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       ep.store(m, n + 3, sum.w, bias_m);
     }
   }
+  __syncwarp();  // (the loop's lanes may have left it apart: the barrier is .aligned)
   spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
   return;
 #endif
