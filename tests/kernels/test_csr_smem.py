@@ -1,10 +1,13 @@
 """The csr_smem family's host side on the CPU: its sliced ELL layout (round trip, padding, the
 bank rotation), its config space and features, and its validation."""
+import dataclasses
+
 import pytest
 import torch
 
 import spartune as st
 from spartune.kernels import registry, spmm_csr_smem as K
+from spartune.formats._base import stats_from_counts
 from spartune.kernels._sliced_ell import sliced_ell, to_dense
 from spartune.tune.problem import Problem
 
@@ -186,8 +189,12 @@ def test_launch_refuses_bad_shapes_and_dtypes_before_any_layout_is_built():
 def test_space_caps_split_k_partials_and_token_tiles():
     # 16384 columns need two slices at least, whose partials would be 1 GiB at 8192 tokens; on
     # Hopper a cluster's slices sum on chip instead
-    assert K.space(problem(16384, 16384, 8192, density=0.02, device="NVIDIA A100 sm_80")) == []
-    assert all(c.ck > 1 for c in K.space(problem(16384, 16384, 8192, density=0.02)))
+    rows = torch.full((16384,), 328)  # 2%: a random matrix this size takes seconds to draw on the CPU
+    big = Problem("linear", "csr", 16384, 16384, 8192, "float16",
+                  stats_from_counts(16384, 16384, int(rows.sum()), 1, 1, rows), device="NVIDIA H100 80GB HBM3 sm_90")
+    assert K.space(dataclasses.replace(big, device="NVIDIA A100 sm_80")) == []
+    hopper = K.space(big)
+    assert hopper and all(c.ck > 1 for c in hopper)
     wide = problem(4096, 4096, 2048, density=0.02)
     assert K.space(wide) and all(K._partials_bytes(wide, c) <= K.MAX_PARTIALS_BYTES for c in K.space(wide))
     assert K.space(problem(64, 256, 32 * (K.MAX_TOKEN_TILES + 1), density=0.02)) == []
