@@ -12,10 +12,11 @@
 // each row's columns so that the P rows of a quarter-warp read distinct bank positions.
 // With more than one slice, fp32 partials go to `ws`; the last CTA of a row block (an arrival
 // counter, left at zero again) sums them in slice order (deterministic) and applies the epilogue.
-// Or (CK > 1, sm_90) the slices of a row block form a cluster: each CTA stages only its slice of x
-// (every CTA staging all of x had put 16.8 MB through L2 at qkv N = 16, 7 of its 16 us: LOG, csr_smem
-// v5), keeps its sums in shared memory, and each CTA then sums a share of the rows over the cluster's
-// CTAs in slice order through distributed shared memory: no partials in global memory, no counter.
+// Or (CK > 1, sm_90) the slices of a row block form a cluster: each CTA stages only its slice of x,
+// keeps its sums in shared memory, and each CTA then sums a share of the rows over the cluster's CTAs
+// in slice order through distributed shared memory: no partials in global memory, no counter (up to
+// ~10% faster where the tuner picks it; x's L2 copies, which it cuts 4-8x, were not what bound
+// N = 16: LOG, csr_smem v7).
 //   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
 //   NT             tokens per CTA: 8, 16 or 32
 //   WARPS          warps per CTA
