@@ -280,7 +280,16 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   // with KW > 1 every warp runs GPW rounds (the CTA meets in shared memory after each)
   for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
-    for (; c < end; c += KW) {
+    // three steps a round, each register reloaded once its chunk is used (no moves rotating them)
+    for (; c + 2 * KW < end; c += 3 * KW) {
+      fma_chunk(acc, a, xs_lane);
+      a = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
+      fma_chunk(acc, b, xs_lane);
+      b = c + 4 * KW < total ? load_stream(wp + (c + 4 * KW) * STEP) : zero;
+      fma_chunk(acc, c2, xs_lane);
+      c2 = c + 5 * KW < total ? load_stream(wp + (c + 5 * KW) * STEP) : zero;
+    }
+    for (; c < end; c += KW) {  // the group's last one or two steps, the registers back in order
       const uint4 next = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
       fma_chunk(acc, a, xs_lane);
       a = b;
