@@ -59,6 +59,11 @@ RETIME_ABOVE = 4.0
 DOUBT_MARGIN = 1.5
 
 
+def _far_past_prediction(seconds: float, predicted: float) -> bool:
+    """A transient's mark on one timing (RETIME_ABOVE)."""
+    return seconds > RETIME_ABOVE * predicted
+
+
 def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> int:
     """How many of the model's best candidates fast mode measures (library backends come on top)."""
     return max(top_k, math.floor(top_frac * n_candidates))
@@ -164,13 +169,7 @@ class Tuner:
             key = problem.key()
         choice = self._memo.get(key)
         if choice is None:
-            built = []
-
-            def cands():  # built once, on a miss only
-                if not built:
-                    built.append(list(candidates() if callable(candidates) else candidates))
-                return built[0]
-
+            cands = functools.cache(lambda: list(candidates() if callable(candidates) else candidates))
             stored = self._stored(problem)
             if stored is not None and self._doubtful(problem, stored):
                 try:
@@ -211,7 +210,7 @@ class Tuner:
         return any(r["seconds"] is not None and r["predicted"] is not None
                    and (r["backend"], canonical(r["config"])) != chosen
                    and r["predicted"] * DOUBT_MARGIN < stored["seconds"]
-                   and r["seconds"] > RETIME_ABOVE * r["predicted"] for r in rows)
+                   and _far_past_prediction(r["seconds"], r["predicted"]) for r in rows)
 
     def predicted(self, candidate: Candidate, dtype) -> float:
         if candidate.predicted is not None:
@@ -261,7 +260,7 @@ class Tuner:
 
         for i in list(rows):
             seconds = rows[i]["seconds"]
-            if self.mode != "fast" or seconds is None or not seconds > RETIME_ABOVE * preds[i] \
+            if self.mode != "fast" or seconds is None or not _far_past_prediction(seconds, preds[i]) \
                     or not preds[i] < SLOWER * best_s:
                 continue
             bound = SLOWER * best_s
