@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What needs the GPU, in one device call each (a call may run 10 minutes): the GPU tests, then
 # benchmark runs, each writing its full results under $OUT.
-#   bash scripts/gpu.sh                     # the GPU tests (~6 min, nine processes)
+#   bash scripts/gpu.sh                     # the GPU tests (~8 min, ten processes)
 #   TESTS=0 bash scripts/gpu.sh             # the quick CSR and block benches (~3 min)
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
 #   TESTS=0 RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs
@@ -39,8 +39,10 @@ if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" & p6=$!
   # csr_smem compiles ~400 instances: two processes of ~5 minutes each
   gpu_tests gpu_tests_smem1.log tests/gpu/test_csr_smem_gpu.py -k "across_the_space" & p7=$!
-  gpu_tests gpu_tests_smem2.log tests/gpu/test_csr_smem_gpu.py -k "not across_the_space" & p8=$!
-  for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
+  # (the rest took 480 s alone in one process on a cold machine in session 20: split by test)
+  gpu_tests gpu_tests_smem2.log tests/gpu/test_csr_smem_gpu.py -k "clusters or odd_shapes" & p8=$!
+  gpu_tests gpu_tests_smem3.log tests/gpu/test_csr_smem_gpu.py -k "not across_the_space and not clusters and not odd_shapes" & p10=$!
+  for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9 $p10; do wait "$p" || echo "a test process exited with $? (124: timed out)"; done
   for f in "$OUT"/gpu_tests_*.log; do echo "$f: $(grep -E 'passed|failed|error' "$f" | tail -1)"; done
 fi
 quick="bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs 14"
