@@ -12,7 +12,7 @@
 #   TESTS=0 RUNS="bench_first_use.py --shape llama13b-up" bash scripts/gpu.sh   # first use of a shape (tuning time)
 #   TESTS=0 RUNS="bench_blocked.py --shfl --heights 32,64" bash scripts/gpu.sh   # Shfl-BW beside block (issue 17)
 #   TESTS=0 RUNS="spartune bench --suite e2e --quick --filter bert --filter decode" bash scripts/gpu.sh  # models
-# A device call stops at 600 s: tests (TEST_S, default 480 each, in parallel; nine processes share
+# A device call stops at 600 s: tests (TEST_S, default 480 each, in parallel; ten processes share
 # 16 cores, and 360 s cut two of them in session 19) plus the runs
 # (RUN_S, default 400 each) must fit; each run's own budget must stay below RUN_S.
 # SPARTUNE_CACHE_DIR keeps the tuning DB away from platformdirs (not installed there).
