@@ -39,7 +39,9 @@ WARPS = (4, 8)
 GROUPS_PER_WARP = (1, 2, 4, 8, 16)
 # warps taking turns over one group's chunks, and the CTA sizes and groups tried with them
 WARPS_PER_GROUP = (4, 8, 16, 32)
-SHARED_WARPS = (8, 16, 32)
+# 12, 24 and 28 warps make 3, 6 or 7 rows of warps: row blocks of a size that fills 132 SMs
+# more evenly than powers of two do (7B up at N = 8: 115 CTAs of 96 rows, not 86 of 128)
+SHARED_WARPS = (8, 12, 16, 24, 28, 32)
 SHARED_GROUPS = (1, 2, 4)
 # qs = 4 never measured best and the model ranked it too high (benchmarks/LOG.md, csr_smem v4);
 # the kernel still takes it
