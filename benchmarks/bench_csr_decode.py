@@ -3,7 +3,7 @@ flushed before every call (measure.cold_replay): cuBLAS dense, cuSPARSE (torch.s
 our Triton CSR family (its model-ranked best few configs), the CUDA csr_smem family (x staged
 in shared memory; its model-ranked best few), and what spartune.linear's tuner picks.
 
-    python benchmarks/bench_csr_decode.py [--quick] [--dtypes float16,bfloat16] [--budget-s S] [--out DIR]
+    python benchmarks/bench_csr_decode.py [--quick] [--dtypes float16,bfloat16] [--n 8 16] [--budget-s S] [--out DIR]
 
 Floor (DESIGN.md; spartune.bench.floors, CUDA cores): the compulsory bytes (values, columns,
 row pointers, x, y) at the measured DRAM rate, or the FMA work (2 flops per nonzero and token)
@@ -116,6 +116,7 @@ def main():
     ap.add_argument("--shapes", default=None, help="comma-separated names of SHAPES")
     ap.add_argument("--densities", default=None, help="comma-separated densities (0.1 = 90%% sparse)")
     ap.add_argument("--top", type=int, default=4, help="configs measured per family (model-ranked)")
+    ap.add_argument("--n", type=int, nargs="+", default=list(DECODE_N), help="decode token counts")
     ap.add_argument("--no-wide", action="store_true", help="skip N = 2048 at 95%% and 98%%")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -132,7 +133,7 @@ def main():
     densities = [float(d) for d in args.densities.split(",")] if args.densities else \
         (QUICK["densities"] if args.quick else DECODE_DENSITIES)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    todo = [(s, n, d, dt) for d in densities for dt in dtypes for s in shapes for n in DECODE_N]
+    todo = [(s, n, d, dt) for d in densities for dt in dtypes for s in shapes for n in args.n]
     if not (args.quick or args.no_wide):
         todo += [(s, n, d, dt) for n, d in WIDE for dt in dtypes for s in shapes[:1]]
     gen = torch.Generator(device="cuda").manual_seed(0)

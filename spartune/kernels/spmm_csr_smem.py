@@ -183,6 +183,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         launches=1,
         reduce_bytes=partials,
         regs_per_thread=64,  # the kernel's launch bounds cap it there
+        cluster=config.ck,
     )
 
 

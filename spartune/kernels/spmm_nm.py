@@ -281,6 +281,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         num_stages=config.stages,  # chunks in flight: registers (2) or the ring's stages
         regs_per_thread=min(255, regs),
         launches=2 if copy_bytes else 1,  # the x^T copy is a kernel of its own
+        cluster=config.cluster_m,
     )
 
 
@@ -323,6 +324,7 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
         num_warps=config.num_warps,
         num_stages=config.stages,
         regs_per_thread=168,
+        cluster=config.cluster_m,
     )
 
 

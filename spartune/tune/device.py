@@ -53,6 +53,10 @@ class DeviceSpec:
     max_warps_per_sm: int = 64
     max_programs_per_sm: int = 32
     smem_reserved: int = 1024  # per program, taken by the runtime (Hopper)
+    # clusters of c CTAs that run at once, one CTA per SM (cuOccupancyMaxActiveClusters on the H100,
+    # benchmarks/LOG.md session 20): a cluster's CTAs share a GPC, and GPCs of 16-18 SMs hold
+    # 39 clusters of 3 (117 CTAs), not 44
+    cluster_slots: tuple = ((2, 66), (3, 39), (4, 30), (5, 22), (6, 17), (7, 15), (8, 15))
 
     @classmethod
     def h100(cls) -> "DeviceSpec":
@@ -75,6 +79,15 @@ class DeviceSpec:
             graph_launch_s=0.8e-6,
         )
 
+    def cluster_ctas(self, cluster: int, programs_per_sm: int) -> int:
+        """CTAs that run at once in clusters of `cluster` with `programs_per_sm` fitting an SM
+        (measured at one per SM; more per SM scales it, about as measured at two)."""
+        if cluster <= 1:
+            return programs_per_sm * self.sms
+        measured = dict(self.cluster_slots).get(cluster)  # on the H100's 132 SMs
+        clusters = measured * self.sms // 132 if measured else self.sms // cluster
+        return programs_per_sm * clusters * cluster
+
     def matrix_rate(self, dtype) -> float:
         return getattr(self, _MATRIX_FIELD[dtype_name(dtype)])
 
@@ -94,7 +107,7 @@ class DeviceSpec:
 H100 = DeviceSpec.h100()
 # DeviceSpec fields that are fitted model constants, not measured by calibrate(): a stored
 # calibration never pins an old value.
-_MODEL_CONSTANTS = ("mem_latency_s", "l2_latency_s")
+_MODEL_CONSTANTS = ("mem_latency_s", "l2_latency_s", "cluster_slots")
 
 
 # --- calibration (CUDA only) -----------------------------------------------------------------

@@ -152,7 +152,7 @@ def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: f
         alone = _loop_time(steps_long, work_s, 1, f.num_stages, chain)
         return max(alone, chain + ((resident - 1) * steps + steps_long) * work_s)
 
-    slots = min(f.programs, occupancy * device.sms)  # programs running at once
+    slots = min(f.programs, device.cluster_ctas(f.cluster, occupancy))  # programs running at once
     steps_max = max(f.steps_max, 1)
     if f.programs >= f.tiles:
         # a tile per program, scheduled in waves; the last wave may be partial

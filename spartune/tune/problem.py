@@ -95,3 +95,4 @@ class KernelFeatures:
     launches: int = 1  # kernels per call
     reduce_bytes: float = 0.0  # split-K: partial results written and read back to combine them
     regs_per_thread: int = 0  # 0 = unknown: registers are then not an occupancy limit
+    cluster: int = 1  # CTAs per thread-block cluster (sm_90): a wave holds only whole clusters that fit a GPC

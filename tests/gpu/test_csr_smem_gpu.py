@@ -85,7 +85,7 @@ def test_across_the_space(dtype, N):
                                       (torch.bfloat16, 16)])
 def test_clusters_of_a_row_blocks_slices(dtype, N):
     """ck > 1 (sm_90): every cluster size the space offers here (2, 3, 4, 6, 8 slices), each
-    kind of CTA (lanes per row, the most groups per warp, warps sharing a group), a K tail, rows past M,
+    kind of CTA (lanes per row, the most groups per warp, warps sharing a group, 28 warps), a K tail, rows past M,
     tokens past N, and the whole epilogue on one config of each size."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("clusters run on sm_90")
@@ -98,7 +98,8 @@ def test_clusters_of_a_row_blocks_slices(dtype, N):
             mine = [c for c in clustered if c.ck == ck]
             plain = next(c for c in mine if c.kw == 1 and c.qs == 1 and c.gpw == 1)
             picks = {plain, next(c for c in mine if c.qs == 2), max(mine, key=lambda c: c.gpw),
-                     next(c for c in mine if c.kw > 1), K.Config(plain.nt, plain.ks, plain.warps, qs=4, ck=ck)}
+                     next(c for c in mine if c.kw > 1), K.Config(plain.nt, plain.ks, plain.warps, qs=4, ck=ck),
+                     *[c for c in mine if c.warps == 28][:1]}  # 7 rows of warps
             for cfg in picks:  # element by element: a wrong row must not hide in the norm
                 out = run(A, x, cfg)
                 ref = reference(x, w)

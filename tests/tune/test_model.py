@@ -85,6 +85,17 @@ def test_wave_quantisation_steps_at_the_sm_count():
     assert t265 > 1.3 * t264
 
 
+def test_clusters_fill_a_wave_only_as_whole_clusters_fit_a_gpc():
+    # one CTA per SM: 39 clusters of 3 run at once on the H100 (117 CTAs), 66 of 2 (all 132)
+    assert H100.cluster_ctas(1, 1) == H100.cluster_ctas(2, 1) == 132
+    assert H100.cluster_ctas(3, 1) == 117 and H100.cluster_ctas(3, 2) == 234
+    assert H100.cluster_ctas(16, 1) == 128  # a size not measured: as many as the SMs hold
+    plain = t(tiles_of(129, steps=32))
+    assert t(tiles_of(117, steps=32, cluster=3)) == pytest.approx(plain, rel=0.01)
+    assert t(tiles_of(129, steps=32, cluster=3)) > 1.7 * plain  # 43 clusters: a second wave
+    assert t(tiles_of(128, steps=32, cluster=2)) == pytest.approx(plain, rel=0.01)
+
+
 def test_occupancy_from_shared_memory_warps_and_registers():
     assert programs_per_sm(tiles_of(1, smem=100 * 1024), H100) == 2
     assert programs_per_sm(tiles_of(1, smem=0), H100) == 8  # 64 warps / 8 warps
