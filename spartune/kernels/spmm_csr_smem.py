@@ -226,11 +226,16 @@ def instances(problem: Problem, config: Config) -> list:
     return [_instance(config, getattr(torch, problem.dtype))]
 
 
-def _pairs_of_x(x: torch.Tensor) -> bool:
-    """Whether the kernel may stage x by 4-byte column pairs and `stmatrix` (Hopper; rows of x
-    contiguous, every pair aligned)."""
-    return (x.stride(1) == 1 and (x.stride(0) % 2 == 0 or x.shape[0] == 1) and x.data_ptr() % 4 == 0
-            and _capability(x.device.index)[0] >= 9)
+def _x_rows(x: torch.Tensor) -> int:
+    """How the kernel stages x (Hopper, rows contiguous: `stmatrix` transposes 8 x 8 blocks):
+    2 where every row starts 16-byte aligned (8 columns a load), 1 where column pairs are
+    4-byte aligned, else 0 (element by element)."""
+    if x.stride(1) != 1 or _capability(x.device.index)[0] < 9:
+        return 0
+    for mode, elements in ((2, 8), (1, 2)):
+        if (x.stride(0) % elements == 0 or x.shape[0] == 1) and x.data_ptr() % (2 * elements) == 0:
+            return mode
+    return 0
 
 
 @functools.cache
@@ -260,6 +265,6 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
     kernel = _kernel(config, A.values.dtype, x.device)
     kernel(grid, (32 * config.warps, 1, 1), ell.words, ell.offsets, ell.rows, x, out, or_null(bias),
            or_null(residual), ws, counters, M, N, K, ell.groups, ell.slices, np.int64(x.stride(0)), np.int64(x.stride(1)),
-           int(_pairs_of_x(x)), *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config))
+           _x_rows(x), *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config))
     return out
 

@@ -167,14 +167,16 @@ def test_strided_x_and_out(dtype, N):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("Kd", [519, 520])
-def test_x_staged_by_column_pairs_from_a_padded_pitch(dtype, Kd):
-    """The paired staging (stmatrix) reads x's rows at their own pitch and stops at K, an odd K
-    included; past N its tokens are zeros."""
+@pytest.mark.parametrize("Kd, offset, mode", [(519, 2, 1), (520, 2, 1), (517, 8, 2), (520, 0, 2), (1021, 8, 2)])
+def test_x_staged_by_rows_from_a_padded_pitch(dtype, Kd, offset, mode):
+    """The stmatrix staging reads x's rows at their own pitch and stops at K (a tail shorter than
+    a load included); past N its tokens are zeros. Mode 1: 4-byte column pairs (a 4-byte aligned
+    start); mode 2: 8 columns a load (pitch and start 16-byte aligned)."""
     M, N = 150, 13
     w, A = random_csr(M, Kd, 0.15, dtype, Kd)
-    x = torch.randn(N, Kd + 8 + Kd % 2, device="cuda", dtype=dtype)[:, 2:Kd + 2]  # an even pitch
-    assert K._pairs_of_x(x)
+    pitch = (Kd + 8 + 7) // 8 * 8 + (0 if mode == 2 else 2)
+    x = torch.randn(N, pitch + offset, device="cuda", dtype=dtype)[:, offset:offset + Kd]
+    assert K._x_rows(x) == mode
     found = configs(A, N)
     for cfg in {found[0], found[-1], *[c for c in found if c.kw == 32][:1]}:
         check(A, w, x, cfg)

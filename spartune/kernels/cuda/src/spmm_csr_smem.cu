@@ -168,17 +168,25 @@ __device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0,
 }
 
 // x[n0 : n0 + NT, k0 : k0 + KS] into shared memory as KS rows of NT tokens (zeros past N and K)
-// where x's rows are contiguous and pairs of columns 4-byte aligned: a warp loads 8 tokens x 32
-// columns as 32-bit pairs (an 8 x 8 block per register), a batch of units in flight at once,
-// and `stmatrix.trans` writes each block's columns as 16-byte rows of 8 tokens (Hopper).
-__device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
-                                              long long sxn, int n0, int k0, int warp, int lane) {
+// where x's rows are contiguous (Hopper): a warp loads 8 tokens x 32 columns (a unit), a batch of
+// units in flight at once, and `stmatrix.trans` writes each 8 x 8 block's columns as 16-byte rows
+// of 8 tokens at addresses the lanes give. WIDE (rows 16-byte aligned): a lane loads 8 columns of
+// one token in one 16-byte load, so register i holds pair i of each lane's 8 columns and the
+// lanes' row addresses put each transposed row at its column; half the staging time of 4-byte
+// pairs, whose 16-byte pieces each fetched a 32-byte sector (LOG, session 20: staging was 40% of
+// qkv at N = 16). Else 4-byte pairs of columns, register j holding block j.
+template <bool WIDE>
+__device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
+                                             long long sxn, int n0, int k0, int warp, int lane) {
 #if __CUDA_ARCH__ >= 900
   constexpr int UNITS = KS / 32 * TEAM;  // (32 columns, 8 tokens) per unit
   constexpr int PER_WARP = (UNITS + WARPS - 1) / WARPS;
   constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
   constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
-  const int r = lane / 4, c2 = (lane % 4) * 2;  // the pair this lane holds: token r, columns c2, c2 + 1
+  const int r = lane / 4, q = lane % 4;  // token r; WIDE: columns 8q .. 8q + 7, else pairs 2q, 2q + 1
+  // the slice column of the row this lane addresses: row p of matrix i
+  const int i = lane / 8, p = lane % 8;
+  const int col = WIDE ? 8 * (p / 2) + 2 * i + p % 2 : lane;
   for (int u0 = warp; u0 < UNITS; u0 += WARPS * BATCH) {
     unsigned v[BATCH][4];
 #pragma unroll
@@ -186,16 +194,33 @@ __device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* _
       const int u = u0 + b * WARPS;
       const int kb = (u / TEAM) * 32, tb = u % TEAM;
       const int n = n0 + tb * 8 + r;
+      const bool live = u < UNITS && n < N;
+      if (WIDE) {
+        const int k = k0 + kb + 8 * q;
+        const unsigned short* src = x + n * sxn + k;
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (live && k + 7 < K) {
+          w = *reinterpret_cast<const uint4*>(src);
+        } else if (live && k < K) {  // the K tail
+          unsigned short e[8];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int k = k0 + kb + j * 8 + c2;
-        unsigned w = 0;
-        if (u < UNITS && n < N) {
-          const unsigned short* p = x + n * sxn + k;
-          if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(p);
-          else if (k < K) w = *p;
+          for (int j = 0; j < 8; ++j) e[j] = k + j < K ? src[j] : static_cast<unsigned short>(0);
+          w = make_uint4(e[0] | (static_cast<unsigned>(e[1]) << 16), e[2] | (static_cast<unsigned>(e[3]) << 16),
+                         e[4] | (static_cast<unsigned>(e[5]) << 16), e[6] | (static_cast<unsigned>(e[7]) << 16));
         }
-        v[b][j] = w;
+        v[b][0] = w.x; v[b][1] = w.y; v[b][2] = w.z; v[b][3] = w.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int k = k0 + kb + j * 8 + 2 * q;
+          unsigned w = 0;
+          if (live) {
+            const unsigned short* src = x + n * sxn + k;
+            if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(src);
+            else if (k < K) w = *src;
+          }
+          v[b][j] = w;
+        }
       }
     }
 #pragma unroll
@@ -203,8 +228,7 @@ __device__ __forceinline__ void stage_x_pairs(uint4* xs, const unsigned short* _
       const int u = u0 + b * WARPS;
       if (u >= UNITS) break;  // warp-uniform
       const int kb = (u / TEAM) * 32, tb = u % TEAM;
-      // lane 8j + i names row i of block j: column kb + 8j + i of the slice
-      const uint4* row = xs + (kb + lane) * TEAM + tb;
+      const uint4* row = xs + (kb + col) * TEAM + tb;
       const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
       asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
                    :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
@@ -221,7 +245,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
-    long long sxn, long long sxk, int x_pairs, int son, int som, int srn, int srm, int out_code, int bias_code,
+    long long sxn, long long sxk, int x_rows, int son, int som, int srn, int srm, int out_code, int bias_code,
     int res_code, int act, float scale) {
   extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors; the KW sums (KW > 1); the
                                  // slice's sums for the cluster (CK > 1)
@@ -250,8 +274,9 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
   // (generic strides: items unrolled two at a time)
-  if (x_pairs) {  // the host sets it on Hopper only
-    stage_x_pairs(xs, x, N, K, sxn, n0, k0, warp, lane);
+  if (x_rows) {  // the host sets it on Hopper only: 2 where x's rows are 16-byte aligned
+    if (x_rows == 2) stage_x_rows<true>(xs, x, N, K, sxn, n0, k0, warp, lane);
+    else stage_x_rows<false>(xs, x, N, K, sxn, n0, k0, warp, lane);
     for (int item = KS * TEAM + tid; item < (KS + P) * TEAM; item += THREADS) xs[item] = zero;
   } else {
 #pragma unroll 2
