@@ -26,7 +26,7 @@ CASES = {
 
 def write_ablated():
     src = (SRC_DIR / "spmm_csr_smem.cu").read_text()
-    a = src.replace("  if (x_pairs) {  // the host sets it on Hopper only", "  if (ABLATE & 1) {\n  } else if (x_pairs) {")
+    a = src.replace("  if (x_rows) {", "  if (ABLATE & 1) {\n  } else if (x_rows) {")
     body = re.search(r"(__device__ __forceinline__ void fma_chunk\(.*?\) \{\n)(.*?)(\n\})", a, re.S)
     a = a[:body.end(1)] + ("#if ABLATE & 2\n  acc[0] += __uint_as_float((w.x ^ w.y ^ w.z ^ w.w) & 0x007fffffu);\n#else\n"
                            + body.group(2) + "\n#endif") + a[body.start(3):]
