@@ -48,7 +48,6 @@ SHARED_GROUPS = (1, 2, 4)
 LANES_PER_ROW = (1, 2)
 HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
-SMEM_PER_SM = 228 * 1024  # Hopper's (sm_80 holds less: its CTAs then get fewer registers than they could)
 MAX_SLICES = 64
 MAX_PARTIALS_BYTES = 256 << 20  # split-K's fp32 partials (4 x tokens x slices x rows): past this, no split
 MAX_TOKEN_TILES = 65535  # the grid's z
@@ -85,12 +84,6 @@ def _smem_bytes(config: Config) -> int:
     _, R, P = _team(config.nt, config.qs)
     shared = config.warps // config.kw * config.gpw * R * config.nt * 4 if config.ck > 1 else 0
     return (config.ks + P) * config.nt * 2 + sums + shared
-
-
-def _ctas_per_sm(config: Config) -> int:
-    """CTAs an SM holds: 1024 threads' worth, or fewer where x's slice fills shared memory (the
-    kernel's launch bounds: registers for the CTAs that fit, not for those that cannot)."""
-    return max(1, min(1024 // (32 * config.warps), SMEM_PER_SM // (_smem_bytes(config) + 1024)))
 
 
 def available(device) -> bool:
@@ -189,7 +182,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         split_k=slices,
         launches=1,
         reduce_bytes=partials,
-        regs_per_thread=min(255, 65536 // (32 * config.warps * _ctas_per_sm(config)) // 8 * 8),  # launch bounds
+        regs_per_thread=64,  # the kernel's launch bounds cap it there
         cluster=config.ck,
     )
 
@@ -224,8 +217,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, "MIN_CTAS": _ctas_per_sm(config),
-        **({"CK": config.ck} if config.ck > 1 else {})},
+        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {})},
         arch_specific=config.ck > 1)
 
 

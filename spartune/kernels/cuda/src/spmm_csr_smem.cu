@@ -31,7 +31,6 @@
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
-//   MIN_CTAS       CTAs an SM holds (launch bounds; default 1024 threads' worth)
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -45,9 +44,6 @@
 #endif
 #ifndef CK
 #define CK 1
-#endif
-#ifndef MIN_CTAS
-#define MIN_CTAS (1024 / (WARPS * 32))
 #endif
 #if CK > 1
 #include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
@@ -185,9 +181,7 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
 #if __CUDA_ARCH__ >= 900
   constexpr int UNITS = KS / 32 * TEAM;  // (32 columns, 8 tokens) per unit
   constexpr int PER_WARP = (UNITS + WARPS - 1) / WARPS;
-  // units in flight per warp: 4 KB a warp where registers allow (pairs of 16 tokens under the
-  // 64-register cap spill more)
-  constexpr int MAX_BATCH = NT == 8 || 65536 / (MIN_CTAS * THREADS) >= 96 ? 8 : 4;
+  constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
   constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
   const int r = lane / 4, q = lane % 4;  // token r; WIDE: columns 8q .. 8q + 7, else pairs 2q, 2q + 1
   // the slice column of the row this lane addresses: row p of matrix i
@@ -245,11 +239,9 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
 #endif
 }
 
-// at least 1024 threads per SM (<= 64 registers) where shared memory lets that many CTAs in: the
-// weight stream needs warps in flight (ncu, v3: 128 registers left 25% occupancy and the DRAM at
-// 39% of peak); where it holds fewer (MIN_CTAS, from the host), the registers they leave unused
-// go to the kernel instead of spills (x's staging batches, the loop's invariants)
-extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, MIN_CTAS) spmm_csr_smem(
+// at least 1024 threads per SM (<= 64 registers): the weight stream needs warps in flight
+// (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
+extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
