@@ -37,7 +37,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   gpu_tests gpu_tests_nm.log tests/gpu/test_spmm_nm_gpu.py -k "not vnm and not decode_clusters" tests/gpu/test_cusparselt_gpu.py & p5=$!
   gpu_tests gpu_tests_nm2.log tests/gpu/test_spmm_nm_gpu.py -k "decode_clusters" & p9=$!
   gpu_tests gpu_tests_vnm.log tests/gpu/test_spmm_nm_gpu.py -k "vnm" & p6=$!
-  # csr_smem compiles ~400 instances: two processes of ~5 minutes each
+  # csr_smem compiles ~400 instances: three processes of ~3-5 minutes each
   gpu_tests gpu_tests_smem1.log tests/gpu/test_csr_smem_gpu.py -k "across_the_space" & p7=$!
   # (the rest took 480 s alone in one process on a cold machine in session 20: split by test)
   gpu_tests gpu_tests_smem2.log tests/gpu/test_csr_smem_gpu.py -k "clusters or odd_shapes" & p8=$!

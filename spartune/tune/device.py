@@ -53,10 +53,11 @@ class DeviceSpec:
     max_warps_per_sm: int = 64
     max_programs_per_sm: int = 32
     smem_reserved: int = 1024  # per program, taken by the runtime (Hopper)
-    # clusters of c CTAs that run at once, one CTA per SM (cuOccupancyMaxActiveClusters on the H100,
-    # benchmarks/LOG.md session 20): a cluster's CTAs share a GPC, and GPCs of 16-18 SMs hold
-    # 39 clusters of 3 (117 CTAs), not 44
-    cluster_slots: tuple = ((2, 66), (3, 39), (4, 30), (5, 22), (6, 17), (7, 15), (8, 15))
+    # (c, clusters of c CTAs that run at once with one CTA per SM, with two): cuOccupancyMaxActiveClusters
+    # on the H100 (benchmarks/LOG.md, session 20): a cluster's CTAs share a GPC, and GPCs of 16-18
+    # SMs hold 39 clusters of 3 (117 CTAs), not 44
+    cluster_slots: tuple = ((2, 66, 132), (3, 39, 79), (4, 30, 62), (5, 22, 47), (6, 17, 39), (7, 15, 32),
+                            (8, 15, 30))
 
     @classmethod
     def h100(cls) -> "DeviceSpec":
@@ -80,13 +81,19 @@ class DeviceSpec:
         )
 
     def cluster_ctas(self, cluster: int, programs_per_sm: int) -> int:
-        """CTAs that run at once in clusters of `cluster` with `programs_per_sm` fitting an SM
-        (measured at one per SM; more per SM scales it, about as measured at two)."""
+        """CTAs that run at once in clusters of `cluster` with `programs_per_sm` fitting an SM (the
+        H100's measured table, scaled by SMs, past two per SM by the count; sizes not measured:
+        as many as the SMs hold). 0 when not one cluster fits."""
         if cluster <= 1:
             return programs_per_sm * self.sms
-        measured = dict(self.cluster_slots).get(cluster)  # on the H100's 132 SMs
-        clusters = measured * self.sms // 132 if measured else self.sms // cluster
-        return programs_per_sm * clusters * cluster
+        measured = {c: (one, two) for c, one, two in self.cluster_slots}.get(cluster)
+        if measured is None:
+            clusters = programs_per_sm * self.sms // cluster
+        elif programs_per_sm == 1:
+            clusters = measured[0] * self.sms // 132
+        else:
+            clusters = measured[1] * programs_per_sm // 2 * self.sms // 132
+        return clusters * cluster
 
     def matrix_rate(self, dtype) -> float:
         return getattr(self, _MATRIX_FIELD[dtype_name(dtype)])

@@ -153,6 +153,8 @@ def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: f
         return max(alone, chain + ((resident - 1) * steps + steps_long) * work_s)
 
     slots = min(f.programs, device.cluster_ctas(f.cluster, occupancy))  # programs running at once
+    if slots <= 0:  # a cluster larger than the device holds
+        return math.inf
     steps_max = max(f.steps_max, 1)
     if f.programs >= f.tiles:
         # a tile per program, scheduled in waves; the last wave may be partial

@@ -125,6 +125,7 @@ def test_clusters_hold_a_row_blocks_slices_on_hopper_only():
         assert K._smem_bytes(c) == K._smem_bytes(plain) + rows * 16 * 4
         f, g = K.features(prob, c), K.features(prob, plain)
         assert f.split_k == g.split_k == c.ck and 0 < f.reduce_bytes == g.reduce_bytes / 2
+        assert f.cluster == c.ck and g.cluster == 1  # the model fills a wave with whole clusters
         assert f.l2_bytes == g.l2_bytes
     whole = [c for c in configs if c.ks == 4096 and c.kw == 8 and c.gpw == 1 and c.warps == 16][0]
     split = [c for c in clustered if c.ks == 512 and c.kw == 1 and c.gpw == 1 and c.warps == 8][0]

@@ -88,8 +88,10 @@ def test_wave_quantisation_steps_at_the_sm_count():
 def test_clusters_fill_a_wave_only_as_whole_clusters_fit_a_gpc():
     # one CTA per SM: 39 clusters of 3 run at once on the H100 (117 CTAs), 66 of 2 (all 132)
     assert H100.cluster_ctas(1, 1) == H100.cluster_ctas(2, 1) == 132
-    assert H100.cluster_ctas(3, 1) == 117 and H100.cluster_ctas(3, 2) == 234
+    assert H100.cluster_ctas(3, 1) == 117 and H100.cluster_ctas(3, 2) == 237  # 79 clusters at two per SM
     assert H100.cluster_ctas(16, 1) == 128  # a size not measured: as many as the SMs hold
+    assert scaled(H100, 0.5).cluster_ctas(3, 1) == 57  # 19 clusters on 66 SMs
+    assert t(tiles_of(8, cluster=8), dataclasses.replace(H100, sms=6)) == math.inf  # no cluster fits
     plain = t(tiles_of(129, steps=32))
     assert t(tiles_of(117, steps=32, cluster=3)) == pytest.approx(plain, rel=0.01)
     assert t(tiles_of(129, steps=32, cluster=3)) > 1.7 * plain  # 43 clusters: a second wave

@@ -239,7 +239,8 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
 #endif
 }
 
-// at least 1024 threads per SM (<= 64 registers): the weight stream needs warps in flight
+// 1024 threads' worth of registers per SM (64 each; 72-80 for 12, 24, 28 warps): the weight
+// stream needs warps in flight
 // (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
 extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
