@@ -82,11 +82,12 @@ def problem(M, Kd, N, density=0.1, dtype="float16", device="NVIDIA H100 80GB HBM
 
 @pytest.mark.parametrize("N, nt", [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 32), (64, 32)])
 def test_space_token_tile(N, nt):
-    configs = K.space(problem(256, 4096, N))
+    prob = problem(256, 4096, N)
+    configs = K.space(prob)
     assert configs and {c.nt for c in configs} == {nt}
     for c in configs:
         assert K._smem_bytes(c) <= K.SMEM_LIMIT
-        f = K.features(problem(256, 4096, N), c)
+        f = K.features(prob, c)
         assert f.programs > 0 and f.dram_bytes > 0 and f.fma_flops > 0
         assert f.split_k == -(-4096 // c.ks)
 
