@@ -86,7 +86,7 @@ class DeviceSpec:
         as many as the SMs hold). 0 when not one cluster fits."""
         if cluster <= 1:
             return programs_per_sm * self.sms
-        measured = {c: (one, two) for c, one, two in self.cluster_slots}.get(cluster)
+        measured = next(((one, two) for c, one, two in self.cluster_slots if c == cluster), None)
         if measured is None:
             clusters = programs_per_sm * self.sms // cluster
         elif programs_per_sm == 1:

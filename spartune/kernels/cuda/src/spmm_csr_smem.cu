@@ -172,9 +172,9 @@ __device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0,
 // units in flight at once, and `stmatrix.trans` writes each 8 x 8 block's columns as 16-byte rows
 // of 8 tokens at addresses the lanes give. WIDE (rows 16-byte aligned): a lane loads 8 columns of
 // one token in one 16-byte load, so register i holds pair i of each lane's 8 columns and the
-// lanes' row addresses put each transposed row at its column; half the staging time of 4-byte
-// pairs, whose 16-byte pieces each fetched a 32-byte sector (LOG, session 20: staging was 40% of
-// qkv at N = 16). Else 4-byte pairs of columns, register j holding block j.
+// lanes' row addresses put each transposed row at its column: a third less staging time than
+// 4-byte pairs, whose 16-byte pieces each fetched a 32-byte sector (LOG, session 20: staging was
+// 40% of qkv at N = 16). Else 4-byte pairs of columns, register j holding block j.
 template <bool WIDE>
 __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
                                              long long sxn, int n0, int k0, int warp, int lane) {
