@@ -13,7 +13,8 @@ streaming the rows' nonzeros when too few rows share it), lanes per row (QS) and
 group (KW: on a short matrix, many warps share one group's chunks with K whole in the CTA,
 their sums meeting in shared memory instead of partials through global memory) and, on Hopper,
 clusters (CK: a row block's K slices as one cluster, so each CTA stages only its slice of x and
-the slices' sums meet through distributed shared memory instead of global partials).
+the slices' sums meet through distributed shared memory instead of global partials), and tokens
+per lane (TPL: at 16 tokens a lane decodes, loads and addresses each word once for 16 products).
 """
 from __future__ import annotations
 
@@ -56,8 +57,11 @@ MAX_CLUSTER = 8  # the portable cluster size: a clustered row block holds at mos
 # weights (Sputnik's regime) are worth trying
 WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
 # Per (nonzero, token) a lane issues a conversion and an FMA, plus per nonzero a shared load and
-# the word's decoding over 8 tokens: ~2.4 instructions per FMA, declared as FMA flops
-ISSUE_PER_FMA = 2.4
+# the word's decoding over 8 tokens: ~2.4 instructions per FMA, declared as FMA flops; over 16
+# tokens a lane (tpl = 16) ~2.0 (SASS of the main loop: 469 instructions per 12 words x 16 tokens
+# against 301 per 12 x 8)
+ISSUE_PER_FMA = {8: 2.4, 16: 2.0}
+TOKENS_PER_LANE = (8, 16)
 
 
 @dataclass(frozen=True)
@@ -69,21 +73,28 @@ class Config:
     qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
     kw: int = 1  # warps sharing each group's chunks (a CTA holds warps / kw rows of warps)
     ck: int = 1  # > 1: the slices (exactly ck) of a row block form a cluster (sm_90)
+    tpl: int = 8  # tokens per lane: 8, or 16 where nt >= 16 (a lane's 16 sums in fp32)
 
 
-def _team(nt: int, qs: int = 1) -> tuple[int, int, int]:
-    """(lanes per row and chunk, rows per warp R, bank positions P) for a token tile."""
-    team = nt // 8
-    return team, 32 // (team * qs), 8 // team
+def _team(config: Config) -> tuple[int, int, int]:
+    """(lanes per row and chunk, rows per warp R, bank positions P) of a config."""
+    team = config.nt // config.tpl
+    return team, 32 // (team * config.qs), 8 // team
+
+
+def _plane_rows(config: Config) -> int:
+    """Rows of each 8-token plane of x in shared memory (the template's PS)."""
+    _, _, P = _team(config)
+    return config.ks + P + (2 if config.tpl == 16 and P == 4 else 0)
 
 
 def _smem_bytes(config: Config) -> int:
-    """x's slice; with kw > 1 each warp's 32 lanes x 8 fp32 sums; with clusters the CTA's rows'
+    """x's slice; with kw > 1 each warp's 32 lanes x tpl fp32 sums; with clusters the CTA's rows'
     fp32 sums for its peers."""
-    sums = config.warps * 32 * 8 * 4 if config.kw > 1 else 0
-    _, R, P = _team(config.nt, config.qs)
+    sums = config.warps * 32 * config.tpl * 4 if config.kw > 1 else 0
+    _, R, _ = _team(config)
     shared = config.warps // config.kw * config.gpw * R * config.nt * 4 if config.ck > 1 else 0
-    return (config.ks + P) * config.nt * 2 + sums + shared
+    return _plane_rows(config) * config.nt * 2 + sums + shared
 
 
 def available(device) -> bool:
@@ -112,6 +123,8 @@ def space(problem: Problem) -> list[Config]:
                        if warps % kw == 0 for gpw in SHARED_GROUPS]
         if hopper and 1 < slices <= MAX_CLUSTER:
             candidates += [dataclasses.replace(c, ck=slices) for c in candidates]
+        candidates += [dataclasses.replace(c, tpl=tpl) for tpl in TOKENS_PER_LANE[1:] if nt >= tpl
+                       for c in candidates]
         for cfg in candidates:
             if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
@@ -124,12 +137,13 @@ def _partials_bytes(problem: Problem, config: Config) -> int:
     slices = math.ceil(problem.k / config.ks)
     if slices == 1 or config.ck > 1:
         return 0
-    rows = math.ceil(problem.m / _team(config.nt, config.qs)[1]) * _team(config.nt, config.qs)[1]
+    R = _team(config)[1]
+    rows = math.ceil(problem.m / R) * R
     return 4 * math.ceil(problem.n / config.nt) * config.nt * slices * rows
 
 
 def _ctas(problem: Problem, config: Config) -> int:
-    groups = math.ceil(problem.m / _team(config.nt, config.qs)[1])
+    groups = math.ceil(problem.m / _team(config)[1])
     return _row_blocks(groups, config) * math.ceil(problem.k / config.ks) * math.ceil(problem.n / config.nt)
 
 
@@ -141,7 +155,7 @@ def _slots_per_row(problem: Problem, config: Config) -> float:
     """Expected slots of a row in one block: the longest of R rows' nonzeros in the slice,
     rounded up to whole 16-byte loads."""
     st = problem.stats
-    _, R, _ = _team(config.nt, config.qs)
+    _, R, _ = _team(config)
     share = min(config.ks, problem.k) / max(problem.k, 1)
     mean = st.items_mean * share
     spread = math.sqrt(mean * (1.0 - min(st.density, 1.0)) + (mean * st.items_cv) ** 2)
@@ -151,7 +165,7 @@ def _slots_per_row(problem: Problem, config: Config) -> float:
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:
-    _, R, _ = _team(config.nt, config.qs)
+    _, R, _ = _team(config)
     groups = math.ceil(problem.m / R)
     slices = math.ceil(problem.k / config.ks)
     tiles_n = math.ceil(problem.n / config.nt)
@@ -171,7 +185,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         programs=programs,
         tiles=programs,
         mma_flops=0.0,
-        fma_flops=2.0 * groups * R * slices * slots * config.nt * tiles_n * ISSUE_PER_FMA,
+        fma_flops=2.0 * groups * R * slices * slots * config.nt * tiles_n * ISSUE_PER_FMA[config.tpl],
         dram_bytes=word_bytes + x_bytes + y_bytes,
         l2_bytes=word_bytes * tiles_n + staged + y_bytes,
         steps_max=int(steps) + 1,
@@ -189,7 +203,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
 
 def layout(A: CSR, config: Config):
     """The sliced ELL copy this config streams (built once per weight and memoised)."""
-    _, R, P = _team(config.nt, config.qs)
+    _, R, P = _team(config)
     return sliced_ell(A, R, config.ks, P, config.qs)
 
 
@@ -198,7 +212,7 @@ def release_unused(A: CSR, configs) -> None:
     keep = set()
     for c in configs:
         if isinstance(c, Config):
-            _, R, P = _team(c.nt, c.qs)
+            _, R, P = _team(c)
             keep.add(memo_key(R, c.ks, P, c.qs))
     drop_sliced_ell(A, keep)
 
@@ -217,7 +231,8 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
-        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {})},
+        "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
+        **({"TPL": config.tpl} if config.tpl != 8 else {})},
         arch_specific=config.ck > 1)
 
 
@@ -255,7 +270,7 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
         raise ValueError(f"a cluster holds a row block's K slices, exactly {math.ceil(K / config.ks)} of "
                          f"{config.ks} columns here, and needs sm_90: got {config}")
     ell = layout(A, config)
-    _, R, _ = _team(config.nt, config.qs)
+    _, R, _ = _team(config)
     grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
     if ell.slices > 1 and config.ck == 1:
         ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)

@@ -112,6 +112,29 @@ def test_clusters_of_a_row_blocks_slices(dtype, N):
     assert seen == {2, 3, 4, 6, 8}
 
 
+@pytest.mark.parametrize("dtype, N", [(torch.float16, 9), (torch.float16, 16), (torch.float16, 33),
+                                      (torch.bfloat16, 16), (torch.bfloat16, 32)])
+def test_sixteen_tokens_a_lane(dtype, N):
+    """tpl = 16: each kind of CTA (lanes per row, groups per warp, warps sharing a group, split K
+    through global partials, a cluster where sm_90 has them), a K tail, rows past M and tokens past
+    N, element by element; the whole epilogue on one."""
+    M, Kd = 700, 3900
+    w, A = random_csr(M, Kd, 0.1, dtype, N + 16)
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    mine = [c for c in configs(A, N) if c.tpl == 16]
+    picks = {next(c for c in mine if c.kw == 1 and c.ck == 1 and c.ks == 1024),  # partials
+             next(c for c in mine if c.qs == 2), max(mine, key=lambda c: (c.gpw, c.ks)),
+             max((c for c in mine if c.kw > 1), key=lambda c: (c.kw, c.ks)),
+             *[c for c in mine if c.ck > 1][:1]}
+    ref = reference(x, w)
+    for cfg in picks:
+        out = run(A, x, cfg)
+        torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=1e-2 * ref.abs().max().item(), msg=str(cfg))
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    res = torch.randn(N, M, device="cuda", dtype=dtype)
+    check(A, w, x, min(picks, key=lambda c: c.ks), bias=bias, residual=res, activation="gelu", scale=0.5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M, Kd", [(1, 5), (17, 33), (100, 300), (1000, 777), (4096, 4096)])
 @pytest.mark.parametrize("N", [1, 7, 33, 77])
@@ -132,7 +155,8 @@ def test_empty_rows_a_full_row_and_an_empty_matrix(dtype):
     w, A = random_csr(200, 1500, 0.05, dtype, 3, empty_rows=range(0, 200, 7), full_rows=(5, 150))
     x = torch.randn(9, 1500, device="cuda", dtype=dtype)
     bias = torch.randn(200, device="cuda", dtype=dtype)
-    for cfg in configs(A, 9):
+    found = configs(A, 9)  # 16 tokens a lane: every 8th (their own test below)
+    for cfg in [c for c in found if c.tpl == 8] + [c for c in found if c.tpl == 16][::8]:
         check(A, w, x, cfg, bias=bias)  # empty rows get act(bias)
     w0, A0 = random_csr(64, 256, 0.0, dtype, 4)
     check(A0, w0, x[:, :256], configs(A0, 9)[0], bias=bias[:64])

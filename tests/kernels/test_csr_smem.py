@@ -1,6 +1,7 @@
 """The csr_smem family's host side on the CPU: its sliced ELL layout (round trip, padding, the
 bank rotation), its config space and features, and its validation."""
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -92,6 +93,40 @@ def test_space_token_tile(N, nt):
         assert f.split_k == -(-4096 // c.ks)
 
 
+@pytest.mark.parametrize("nt, tpl", [(8, 8), (16, 8), (32, 8), (16, 16), (32, 16)])
+def test_plane_pitch_puts_a_quarter_warp_on_distinct_bank_positions(nt, tpl):
+    """A quarter-warp's P rows read columns distinct mod P (the copy's order) and each of its
+    lanes reads its own planes: every 16-byte load of x lands on 8 distinct bank positions."""
+    cfg = K.Config(nt, 1024, 8, tpl=tpl)
+    team, _, P = K._team(cfg)
+    pitch = K._plane_rows(cfg)
+    rng = random.Random(nt + tpl)
+    for _ in range(50):
+        cols = [r + P * rng.randrange(1024 // P) for r in rng.sample(range(P), P)]
+        for j in range(tpl // 8):  # the lane's j-th load
+            banks = {((tpl // 8 * h + j) * pitch + col) % 8 for col in cols for h in range(team)}
+            assert len(banks) == 8 == P * team
+
+
+def test_space_offers_sixteen_tokens_a_lane_from_sixteen_tokens():
+    """tpl = 16 beside the configs at nt >= 16: the same rows per warp as nt = 8 (one lane a
+    row at nt = 16), fewer instructions per product, x's planes and 16 sums a warp's lane."""
+    assert {c.tpl for c in K.space(problem(4096, 4096, 8))} == {8}
+    prob = problem(4096, 4096, 16)
+    configs = K.space(prob)
+    sixteen = [c for c in configs if c.tpl == 16]
+    # (twins whose CTAs would hold half the rows' sums or fill too few SMs are left out)
+    assert len(sixteen) > len(configs) / 3 and {dataclasses.replace(c, tpl=8) for c in sixteen} <= set(configs)
+    for c in sixteen:
+        eight = dataclasses.replace(c, tpl=8)
+        assert K._team(c)[1] == 32 // c.qs == 2 * K._team(eight)[1]
+        f, g = K.features(prob, c), K.features(prob, eight)
+        assert f.fma_flops < g.fma_flops and f.programs * 2 >= g.programs
+        if c.ck == 1:  # x's two planes of ks + 8 rows, and 16 sums a lane where warps share groups
+            assert K._smem_bytes(c) == (c.ks + 8) * 16 * 2 + (c.warps * 32 * 16 * 4 if c.kw > 1 else 0)
+    assert K._plane_rows(K.Config(32, 1024, 8, tpl=16)) == 1024 + 4 + 2
+
+
 def test_space_shares_groups_between_warps_with_room_for_their_sums():
     """kw > 1: every kw divides its CTA's warps, shared memory holds x's slice and each warp's
     sums, and each warp's steps shrink kw-fold while the CTA holds warps / kw rows of warps."""
@@ -120,9 +155,9 @@ def test_clusters_hold_a_row_blocks_slices_on_hopper_only():
     assert {c.ks for c in clustered} == {512, 1024, 2048}
     for c in clustered:
         assert c.ck == 4096 // c.ks
-        plain = K.Config(c.nt, c.ks, c.warps, c.gpw, c.qs, c.kw)
+        plain = K.Config(c.nt, c.ks, c.warps, c.gpw, c.qs, c.kw, tpl=c.tpl)
         assert plain in configs
-        rows = c.warps // c.kw * c.gpw * (32 // (2 * c.qs))
+        rows = c.warps // c.kw * c.gpw * K._team(c)[1]
         assert K._smem_bytes(c) == K._smem_bytes(plain) + rows * 16 * 4
         f, g = K.features(prob, c), K.features(prob, plain)
         assert f.split_k == g.split_k == c.ck and 0 < f.reduce_bytes == g.reduce_bytes / 2

@@ -1,11 +1,12 @@
 // Unstructured (CSR) SpMM for few tokens on CUDA cores, x staged in shared memory, linear layout
 // with the fused epilogue:  out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS x GPW groups of R
-// rows (grid x). Its slice of x is copied once into shared memory as KS rows of NT tokens (plus P
-// zero rows that padding slots read); every nonzero then costs one 16-byte shared load per lane
-// instead of a gather through L1 (benchmarks/LOG.md, "CSR decode": that gather bound the Triton
-// kernels). A warp serves GPW consecutive groups of R rows, one after another, NT / 8 lanes ("a
-// team") per row, each lane 8 tokens in fp32: the staged slice serves WARPS / KW x GPW x R rows. The
+// rows (grid x). Its slice of x is copied once into shared memory as NT / 8 planes of KS rows of 8
+// tokens (plus P zero rows that padding slots read); every nonzero then costs one 16-byte shared
+// load per lane and 8 tokens instead of a gather through L1 (benchmarks/LOG.md, "CSR decode": that
+// gather bound the Triton kernels). A warp serves GPW consecutive groups of R rows, one after
+// another, NT / TPL lanes ("a team") per row, each lane TPL tokens in fp32: the staged slice serves
+// WARPS / KW x GPW x R rows. The
 // rows' nonzeros come from the sliced ELL copy (kernels/_sliced_ell.py), where a warp's groups in
 // one slice are one contiguous stream: one 16-byte streaming load per lane brings the row's next
 // 4 (column, value) words, three loads stay in flight across group boundaries, and the copy orders
@@ -19,6 +20,8 @@
 // N = 16: LOG, csr_smem v7).
 //   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
 //   NT             tokens per CTA: 8, 16 or 32
+//   TPL            tokens per lane: 8, or 16 (NT >= 16): a word's decoding, its load and its shared
+//                  address serve twice the products (issue-bound at N >= 16: LOG, csr_smem v12)
 //   WARPS          warps per CTA
 //   KS             columns of K per slice
 //   GPW            groups of R rows per warp (at most 31)
@@ -42,6 +45,9 @@
 #ifndef KW
 #define KW 1
 #endif
+#ifndef TPL
+#define TPL 8
+#endif
 #ifndef CK
 #define CK 1
 #endif
@@ -52,14 +58,22 @@
 #define CSR_CLUSTER
 #endif
 
-constexpr int TEAM = NT / 8;     // lanes per row and chunk (8 tokens each)
+constexpr int TEAM = NT / TPL;   // lanes per row and chunk (TPL tokens each)
+constexpr int NB = NT / 8;       // planes of 8 tokens in shared memory
+constexpr int LP = TPL / 8;      // planes a lane reads (one 16-byte load each)
 constexpr int R = 32 / (TEAM * QS);  // rows per warp
 constexpr int QLANES = R * TEAM;     // lanes of one K part (lane = q * QLANES + t * TEAM + h)
-constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: its 16-byte bank positions
+constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: the copy puts their columns on
+                                 // distinct 16-byte bank positions mod P
+// rows per plane: lane h reads planes LP h .. LP h + LP - 1, so LP PS = P (mod 8) puts the team's
+// lanes of one row on the bank positions its P rows leave free
+constexpr int PS = KS + P + (LP == 2 && P == 4 ? 2 : 0);
 constexpr int THREADS = WARPS * 32;
 constexpr int WG = WARPS / KW;   // warp rows: sets of KW warps sharing groups
 constexpr int TEAM_ROWS = WG * GPW * R;  // a CTA's rows (teams), padding included
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
+static_assert((TPL == 8 || TPL == 16) && NT % TPL == 0, "TPL must be 8, or 16 with NT >= 16");
+static_assert((LP * PS) % 8 == P % 8, "the plane pitch must put a team's lanes on free bank positions");
 static_assert(GPW >= 1 && GPW <= 31, "GPW must be in 1..31 (a lane holds each group's offset)");
 static_assert(QS == 1 || QS == 2 || QS == 4, "QS must be 1, 2 or 4");
 static_assert(KS % 32 == 0, "KS must be a multiple of 32");
@@ -93,24 +107,29 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-__device__ __forceinline__ void fma_word(float (&acc)[8], unsigned word, const uint4* xs_lane) {
+__device__ __forceinline__ void fma_word(float (&acc)[TPL], unsigned word, const uint4* xs_lane) {
   const float v = elt_to_float(word & 0xffffu);
-  const uint4 xv = xs_lane[(word >> 16) * TEAM];
-  float2 f = pair_to_float2(xv.x);
-  acc[0] = fmaf(v, f.x, acc[0]);
-  acc[1] = fmaf(v, f.y, acc[1]);
-  f = pair_to_float2(xv.y);
-  acc[2] = fmaf(v, f.x, acc[2]);
-  acc[3] = fmaf(v, f.y, acc[3]);
-  f = pair_to_float2(xv.z);
-  acc[4] = fmaf(v, f.x, acc[4]);
-  acc[5] = fmaf(v, f.y, acc[5]);
-  f = pair_to_float2(xv.w);
-  acc[6] = fmaf(v, f.x, acc[6]);
-  acc[7] = fmaf(v, f.y, acc[7]);
+  const uint4* xr = xs_lane + (word >> 16);
+#pragma unroll
+  for (int j = 0; j < LP; ++j) {
+    const uint4 xv = xr[j * PS];
+    float* a = acc + 8 * j;
+    float2 f = pair_to_float2(xv.x);
+    a[0] = fmaf(v, f.x, a[0]);
+    a[1] = fmaf(v, f.y, a[1]);
+    f = pair_to_float2(xv.y);
+    a[2] = fmaf(v, f.x, a[2]);
+    a[3] = fmaf(v, f.y, a[3]);
+    f = pair_to_float2(xv.z);
+    a[4] = fmaf(v, f.x, a[4]);
+    a[5] = fmaf(v, f.y, a[5]);
+    f = pair_to_float2(xv.w);
+    a[6] = fmaf(v, f.x, a[6]);
+    a[7] = fmaf(v, f.y, a[7]);
+  }
 }
 
-__device__ __forceinline__ void fma_chunk(float (&acc)[8], const uint4& w, const uint4* xs_lane) {
+__device__ __forceinline__ void fma_chunk(float (&acc)[TPL], const uint4& w, const uint4* xs_lane) {
   fma_word(acc, w.x, xs_lane);
   fma_word(acc, w.y, xs_lane);
   fma_word(acc, w.z, xs_lane);
@@ -129,27 +148,23 @@ struct Partials {
 };
 
 // A finished group: its rows' out, or their partial sums of this slice.
-__device__ __forceinline__ void finish(const float (&acc)[8], int g, int t, int h, int n0, const int* rows,
+__device__ __forceinline__ void finish(const float (&acc)[TPL], int g, int t, int h, int n0, const int* rows,
                                        const spartune::Epilogue& ep, const Partials& part) {
   const int team_row = g * R + t;
-  if (CK > 1) {
-    float4* p = reinterpret_cast<float4*>(part.red + (team_row - blockIdx.x * TEAM_ROWS) * NT + h * 8);
-    p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    return;
-  }
-  if (part.slices == 1) {
+  if (CK == 1 && part.slices == 1) {
     const int m = rows[team_row];
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ep.store(m, n0 + h * 8 + i, acc[i], bias_m);
+      for (int i = 0; i < TPL; ++i) ep.store(m, n0 + h * TPL + i, acc[i], bias_m);
     }
     return;
   }
-  float4* p = reinterpret_cast<float4*>(part.ws + ((part.base + part.slice * part.tile_rows + team_row) * NT + h * 8));
-  p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  float* dst = CK > 1 ? part.red + (team_row - blockIdx.x * TEAM_ROWS) * NT
+                      : part.ws + (part.base + part.slice * part.tile_rows + team_row) * NT;
+  float4* p = reinterpret_cast<float4*>(dst + h * TPL);
+#pragma unroll
+  for (int i = 0; i < TPL / 4; ++i) p[i] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
 }
 
 // One element of a finished group (the KW path): out, or this slice's partial sum.
@@ -167,7 +182,7 @@ __device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0,
   part.ws[(part.base + part.slice * part.tile_rows + team_row) * NT + n_local] = v;
 }
 
-// x[n0 : n0 + NT, k0 : k0 + KS] into shared memory as KS rows of NT tokens (zeros past N and K)
+// x[n0 : n0 + NT, k0 : k0 + KS] into shared memory as planes of KS rows of 8 tokens (zeros past N and K)
 // where x's rows are contiguous (Hopper): a warp loads 8 tokens x 32 columns (a unit), a batch of
 // units in flight at once, and `stmatrix.trans` writes each 8 x 8 block's columns as 16-byte rows
 // of 8 tokens at addresses the lanes give. WIDE (rows 16-byte aligned): a lane loads 8 columns of
@@ -179,7 +194,7 @@ template <bool WIDE>
 __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
                                              long long sxn, int n0, int k0, int warp, int lane) {
 #if __CUDA_ARCH__ >= 900
-  constexpr int UNITS = KS / 32 * TEAM;  // (32 columns, 8 tokens) per unit
+  constexpr int UNITS = KS / 32 * NB;  // (32 columns, 8 tokens) per unit
   constexpr int PER_WARP = (UNITS + WARPS - 1) / WARPS;
   constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
   constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
@@ -192,7 +207,7 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int u = u0 + b * WARPS;
-      const int kb = (u / TEAM) * 32, tb = u % TEAM;
+      const int kb = (u / NB) * 32, tb = u % NB;
       const int n = n0 + tb * 8 + r;
       const bool live = u < UNITS && n < N;
       if (WIDE) {
@@ -227,8 +242,8 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
     for (int b = 0; b < BATCH; ++b) {
       const int u = u0 + b * WARPS;
       if (u >= UNITS) break;  // warp-uniform
-      const int kb = (u / TEAM) * 32, tb = u % TEAM;
-      const uint4* row = xs + (kb + col) * TEAM + tb;
+      const int kb = (u / NB) * 32, tb = u % NB;
+      const uint4* row = xs + tb * PS + kb + col;
       const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
       asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
                    :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
@@ -248,12 +263,12 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
     long long sxn, long long sxk, int x_rows, int son, int som, int srn, int srm, int out_code, int bias_code,
     int res_code, int act, float scale) {
-  extern __shared__ uint4 xs[];  // (KS + P) rows x TEAM 16-byte vectors; the KW sums (KW > 1); the
-                                 // slice's sums for the cluster (CK > 1)
+  extern __shared__ uint4 xs[];  // NB planes of PS rows of 8 tokens (16 bytes); the KW sums (KW > 1);
+                                 // the slice's sums for the cluster (CK > 1)
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
-  const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which 8 tokens
+  const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which TPL tokens
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
   const int wg = warp / KW, kw = warp % KW;
   const int g0 = (blockIdx.x * WG + wg) * GPW;  // the warp's first group
@@ -273,16 +288,16 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   uint4 b = c + KW < total ? load_stream(wp + (c + KW) * STEP) : zero;
   uint4 c2 = c + 2 * KW < total ? load_stream(wp + (c + 2 * KW) * STEP) : zero;
 
-  // stage x[n0 : n0 + NT, k0 : k0 + KS] as rows of NT tokens; zeros past N and K, and P zero rows
-  // (generic strides: items unrolled two at a time)
+  // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
+  // each plane's rows past KS (generic strides: items unrolled two at a time)
   if (x_rows) {  // the host sets it on Hopper only: 2 where x's rows are 16-byte aligned
     if (x_rows == 2) stage_x_rows<true>(xs, x, N, K, sxn, n0, k0, warp, lane);
     else stage_x_rows<false>(xs, x, N, K, sxn, n0, k0, warp, lane);
-    for (int item = KS * TEAM + tid; item < (KS + P) * TEAM; item += THREADS) xs[item] = zero;
+    for (int item = tid; item < NB * (PS - KS); item += THREADS) xs[item / (PS - KS) * PS + KS + item % (PS - KS)] = zero;
   } else {
 #pragma unroll 2
-    for (int item = tid; item < (KS + P) * TEAM; item += THREADS) {
-      const int k = item / TEAM, tb = item % TEAM;  // consecutive lanes: consecutive 16-byte vectors
+    for (int item = tid; item < NB * PS; item += THREADS) {
+      const int k = item % PS, tb = item / PS;  // consecutive lanes: consecutive 16-byte vectors
       const int kk = k0 + k;
       unsigned short v[8];
 #pragma unroll
@@ -298,11 +313,13 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
-  float* sums = reinterpret_cast<float*>(xs + (KS + P) * TEAM);  // KW > 1: [warp][i][lane]
-  float* red = sums + (KW > 1 ? WARPS * 8 * 32 : 0);
+  float* sums = reinterpret_cast<float*>(xs + NB * PS);  // KW > 1: [warp][i][lane]
+  float* red = sums + (KW > 1 ? WARPS * TPL * 32 : 0);
   const Partials part{ws, red, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  const uint4* xs_lane = xs + h;
+  float acc[TPL];
+#pragma unroll
+  for (int i = 0; i < TPL; ++i) acc[i] = 0.f;
+  const uint4* xs_lane = xs + h * LP * PS;
   // with KW > 1 every warp runs GPW rounds (the CTA meets in shared memory after each)
   for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
@@ -323,7 +340,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       c2 = next;
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {  // the row's K parts meet in lane q = 0
+    for (int i = 0; i < TPL; ++i) {  // the row's K parts meet in lane q = 0
       if (QS >= 2) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], QLANES);
       if (QS >= 4) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2 * QLANES);
     }
@@ -331,22 +348,22 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       if (q == 0) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sums[(warp * 8 + i) * 32 + lane] = acc[i];
+      for (int i = 0; i < TPL; ++i) sums[(warp * TPL + i) * 32 + lane] = acc[i];
       __syncthreads();
       // each (warp row, lane of q = 0, token) sums its KW warps' parts in order
-      for (int o = tid; o < WG * QLANES * 8; o += THREADS) {
-        const int w0 = o / (QLANES * 8), i = o / QLANES % 8, l = o % QLANES;
+      for (int o = tid; o < WG * QLANES * TPL; o += THREADS) {
+        const int w0 = o / (QLANES * TPL), i = o / QLANES % TPL, l = o % QLANES;
         const int g = (blockIdx.x * WG + w0) * GPW + gi;
         if (g >= groups) continue;
         float v = 0.f;
 #pragma unroll 8
-        for (int j = 0; j < KW; ++j) v += sums[((w0 * KW + j) * 8 + i) * 32 + l];
-        emit(v, g * R + l / TEAM, (l % TEAM) * 8 + i, n0, rows, ep, part);
+        for (int j = 0; j < KW; ++j) v += sums[((w0 * KW + j) * TPL + i) * 32 + l];
+        emit(v, g * R + l / TEAM, (l % TEAM) * TPL + i, n0, rows, ep, part);
       }
       __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    for (int i = 0; i < TPL; ++i) acc[i] = 0.f;
   }
 #if CK > 1
   // the cluster's slices meet: CTA `rank` sums every CK-th vector of 4 tokens over the CTAs in order
@@ -389,23 +406,28 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   __threadfence();
   for (int i = 0; i < gn && q == 0 && kw == 0; ++i) {
     const int team_row = (g0 + i) * R + t;
-    float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + team_row) * NT + h * 8));
-    const long long stride = tile_rows * NT / 4;  // one slice's partials, in float4
-    for (int s0 = 0; s0 < slices; s0 += 4) {  // four slices' loads in flight, summed in order
-      float4 lo[4], hi[4];
+    float sum[TPL];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (s0 + j < slices) {
-          lo[j] = __ldcg(p + (s0 + j) * stride);
-          hi[j] = __ldcg(p + (s0 + j) * stride + 1);
+    for (int j = 0; j < TPL; ++j) sum[j] = 0.f;
+    const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + team_row) * NT + h * TPL));
+    const long long stride = tile_rows * NT / 4;  // one slice's partials, in float4
+    constexpr int IN_FLIGHT = 32 / TPL;  // slices' loads in flight, summed in order
+    for (int s0 = 0; s0 < slices; s0 += IN_FLIGHT) {
+      float4 v[IN_FLIGHT][TPL / 4];
+#pragma unroll
+      for (int j = 0; j < IN_FLIGHT; ++j) {
+#pragma unroll
+        for (int i = 0; i < TPL / 4; ++i) {
+          if (s0 + j < slices) v[j][i] = __ldcg(p + (s0 + j) * stride + i);
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (s0 + j < slices) {
-          sum[0] += lo[j].x; sum[1] += lo[j].y; sum[2] += lo[j].z; sum[3] += lo[j].w;
-          sum[4] += hi[j].x; sum[5] += hi[j].y; sum[6] += hi[j].z; sum[7] += hi[j].w;
+      for (int j = 0; j < IN_FLIGHT; ++j) {
+#pragma unroll
+        for (int i = 0; i < TPL / 4; ++i) {
+          if (s0 + j < slices) {
+            sum[4 * i] += v[j][i].x; sum[4 * i + 1] += v[j][i].y; sum[4 * i + 2] += v[j][i].z; sum[4 * i + 3] += v[j][i].w;
+          }
         }
       }
     }
@@ -413,7 +435,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) ep.store(m, n0 + h * 8 + j, sum[j], bias_m);
+      for (int j = 0; j < TPL; ++j) ep.store(m, n0 + h * TPL + j, sum[j], bias_m);
     }
   }
   if (tid == 0) *counter = 0;
