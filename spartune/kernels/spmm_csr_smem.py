@@ -62,6 +62,10 @@ WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
 # against 301 per 12 x 8)
 ISSUE_PER_FMA = {8: 2.4, 16: 2.0}
 TOKENS_PER_LANE = (8, 16)
+# 16 tokens a lane pays where the arithmetic outweighs x's staging: each SM's share of the
+# nonzeros per column of K at least this many (70B up, 21.7: 2.64x against 2.49 at N = 16); at
+# 3-8 (qkv, 7B up and down) it measured 0-10% slower and the model could not tell (LOG, v12)
+TPL16_MIN_NNZ_PER_SM_COLUMN = 12.0
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,8 @@ def space(problem: Problem) -> list[Config]:
                        if warps % kw == 0 for gpw in SHARED_GROUPS]
         if hopper and 1 < slices <= MAX_CLUSTER:
             candidates += [dataclasses.replace(c, ck=slices) for c in candidates]
-        candidates += [dataclasses.replace(c, tpl=tpl) for tpl in TOKENS_PER_LANE[1:] if nt >= tpl
-                       for c in candidates]
+        if nt >= 16 and problem.stats.nnz / (HOPPER_SMS * max(problem.k, 1)) >= TPL16_MIN_NNZ_PER_SM_COLUMN:
+            candidates += [dataclasses.replace(c, tpl=16) for c in candidates]
         for cfg in candidates:
             if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:

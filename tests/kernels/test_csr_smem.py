@@ -109,10 +109,13 @@ def test_plane_pitch_puts_a_quarter_warp_on_distinct_bank_positions(nt, tpl):
 
 
 def test_space_offers_sixteen_tokens_a_lane_from_sixteen_tokens():
-    """tpl = 16 beside the configs at nt >= 16: the same rows per warp as nt = 8 (one lane a
-    row at nt = 16), fewer instructions per product, x's planes and 16 sums a warp's lane."""
-    assert {c.tpl for c in K.space(problem(4096, 4096, 8))} == {8}
-    prob = problem(4096, 4096, 16)
+    """tpl = 16 beside the configs at nt >= 16 where the arithmetic outweighs x's staging: the
+    same rows per warp as nt = 8 (one lane a row at nt = 16), fewer instructions per product,
+    x's planes and 16 sums a warp's lane."""
+    assert {c.tpl for c in K.space(problem(8192, 1024, 8, 0.3))} == {8}
+    # (qkv at 90%: 3 nonzeros per SM and column of x, staging dominates: not offered)
+    assert {c.tpl for c in K.space(problem(4096, 4096, 16))} == {8}
+    prob = problem(8192, 1024, 16, 0.3)  # 18.6 per SM and column
     configs = K.space(prob)
     sixteen = [c for c in configs if c.tpl == 16]
     # (twins whose CTAs would hold half the rows' sums or fill too few SMs are left out)
