@@ -11,7 +11,8 @@ its R rows' next 4 nonzeros with one coalesced 16-byte load per lane:
 Rows shorter than the block's longest are padded with zero values pointing at one of P zero
 rows kept past the slice in shared memory. The slots of a row are ordered so that, at each slot,
 the P rows that one quarter of a warp serves (teams t = iP .. iP + P - 1) read columns in
-different residues mod P, i.e. different 16-byte bank positions of the staged x: row t takes,
+different residues mod P (the kernel's plane pitch then puts each row's lanes on the remaining
+16-byte bank positions of the staged x): row t takes,
 at round r, its r-th column of residue (t + j) mod P for slot j = rP + ((residue - t) mod P).
 That holds while every residue class of a row still has columns; the tail may conflict.
 Built once per weight, values and pattern, and memoised on the CSR object.

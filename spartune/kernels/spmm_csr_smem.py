@@ -5,7 +5,7 @@ Why a CUDA family: at 8-32 tokens every nonzero needs a strip of x, and the Trit
 gather it through L1, one cache line per nonzero, which bound them at ~2x the decode floor
 (benchmarks/LOG.md, "CSR decode"); Triton has no indexed load from shared memory. Here a CTA
 copies its slice of K of x into shared memory once and each nonzero costs one 16-byte shared
-load per lane; the weight streams once from a sliced ELL copy (kernels/_sliced_ell.py) whose
+load per lane and 8 tokens; the weight streams once from a sliced ELL copy (kernels/_sliced_ell.py) whose
 slot order avoids bank conflicts. Config: tokens per CTA (NT), K per slice (KS, split over
 CTAs, partial sums reduced in order by the last CTA of a row block), warps per CTA, groups
 of rows per warp (GPW: the rows one staged slice of x serves; the copy costs as much as
@@ -61,7 +61,6 @@ WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
 # tokens a lane (tpl = 16) ~2.0 (SASS of the main loop: 469 instructions per 12 words x 16 tokens
 # against 301 per 12 x 8)
 ISSUE_PER_FMA = {8: 2.4, 16: 2.0}
-TOKENS_PER_LANE = (8, 16)
 # 16 tokens a lane pays where the arithmetic outweighs x's staging: each SM's share of the
 # nonzeros per column of K at least this many (70B up, 21.7: 2.64x against 2.49 at N = 16); at
 # 3-8 (qkv, 7B up and down) it measured 0-10% slower and the model could not tell (LOG, v12)
@@ -74,10 +73,14 @@ class Config:
     ks: int  # columns of K per slice (one CTA's shared-memory copy of x)
     warps: int  # warps per CTA
     gpw: int = 1  # groups of rows each warp serves, one after another
-    qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / 8 * qs) rows
+    qs: int = 1  # lanes splitting each row's nonzeros: a warp serves 32 / (nt / tpl * qs) rows
     kw: int = 1  # warps sharing each group's chunks (a CTA holds warps / kw rows of warps)
     ck: int = 1  # > 1: the slices (exactly ck) of a row block form a cluster (sm_90)
     tpl: int = 8  # tokens per lane: 8, or 16 where nt >= 16 (a lane's 16 sums in fp32)
+
+    def __post_init__(self):  # (TypeError: what dispatch's rebuild of a stored config expects)
+        if self.tpl not in ISSUE_PER_FMA or self.nt % self.tpl:
+            raise TypeError(f"tokens per lane must be 8, or 16 with nt >= 16: got {self}")
 
 
 def _team(config: Config) -> tuple[int, int, int]:

@@ -94,18 +94,25 @@ def test_space_token_tile(N, nt):
 
 
 @pytest.mark.parametrize("nt, tpl", [(8, 8), (16, 8), (32, 8), (16, 16), (32, 16)])
-def test_plane_pitch_puts_a_quarter_warp_on_distinct_bank_positions(nt, tpl):
-    """A quarter-warp's P rows read columns distinct mod P (the copy's order) and each of its
-    lanes reads its own planes: every 16-byte load of x lands on 8 distinct bank positions."""
-    cfg = K.Config(nt, 1024, 8, tpl=tpl)
-    team, _, P = K._team(cfg)
-    pitch = K._plane_rows(cfg)
-    rng = random.Random(nt + tpl)
-    for _ in range(50):
-        cols = [r + P * rng.randrange(1024 // P) for r in rng.sample(range(P), P)]
-        for j in range(tpl // 8):  # the lane's j-th load
-            banks = {((tpl // 8 * h + j) * pitch + col) % 8 for col in cols for h in range(team)}
-            assert len(banks) == 8 == P * team
+@pytest.mark.parametrize("qs", [1, 2, 4])
+def test_plane_pitch_puts_a_quarter_warp_on_distinct_bank_positions(nt, tpl, qs):
+    """The kernel's lanes (lane = q * QLANES + t * TEAM + h) in each quarter-warp: their rows t read
+    columns distinct mod P (the copy's order), lane h its planes tpl / 8 * h + j at the plane pitch:
+    every 16-byte load of x lands on 8 distinct bank positions."""
+    cfg = K.Config(nt, 1024, 8, qs=qs, tpl=tpl)
+    team, R, P = K._team(cfg)
+    qlanes, pitch = R * team, K._plane_rows(cfg)
+    rng = random.Random(nt + tpl + qs)
+    for _ in range(20):
+        residue = rng.sample(range(P), P)  # the copy: rows t = iP .. iP + P - 1 in distinct residues
+        col = {(q, t): residue[t % P] + P * rng.randrange(1024 // P) for q in range(qs) for t in range(R)}
+        for quarter in range(4):
+            for j in range(tpl // 8):  # a lane's j-th load of a word
+                banks = set()
+                for lane in range(8 * quarter, 8 * quarter + 8):
+                    q, t, h = lane // qlanes, lane % qlanes // team, lane % team
+                    banks.add((col[q, t] + (tpl // 8 * h + j) * pitch) % 8)
+                assert len(banks) == 8, (quarter, j)
 
 
 def test_space_offers_sixteen_tokens_a_lane_from_sixteen_tokens():
@@ -248,3 +255,10 @@ def test_outgrown_buffers_stay_alive_for_captured_graphs():
     assert _common.grown(cache, "k", 8, lambda n: torch.zeros(n)) is first
     second = _common.grown(cache, "k", 11, lambda n: torch.zeros(n))
     assert second.numel() >= 20 and any(b is first for b in _common.RETIRED)
+
+
+def test_config_refuses_tokens_per_lane_its_tile_cannot_hold():
+    with pytest.raises(TypeError, match="tokens per lane"):
+        K.Config(8, 256, 4, tpl=16)
+    with pytest.raises(TypeError, match="tokens per lane"):
+        K.Config(32, 256, 4, tpl=32)

@@ -1,16 +1,16 @@
 // Unstructured (CSR) SpMM for few tokens on CUDA cores, x staged in shared memory, linear layout
 // with the fused epilogue:  out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS x GPW groups of R
-// rows (grid x). Its slice of x is copied once into shared memory as NT / 8 planes of KS rows of 8
-// tokens (plus P zero rows that padding slots read); every nonzero then costs one 16-byte shared
-// load per lane and 8 tokens instead of a gather through L1 (benchmarks/LOG.md, "CSR decode": that
-// gather bound the Triton kernels). A warp serves GPW consecutive groups of R rows, one after
-// another, NT / TPL lanes ("a team") per row, each lane TPL tokens in fp32: the staged slice serves
-// WARPS / KW x GPW x R rows. The
-// rows' nonzeros come from the sliced ELL copy (kernels/_sliced_ell.py), where a warp's groups in
-// one slice are one contiguous stream: one 16-byte streaming load per lane brings the row's next
-// 4 (column, value) words, three loads stay in flight across group boundaries, and the copy orders
-// each row's columns so that the P rows of a quarter-warp read distinct bank positions.
+// rows (grid x). Its slice of x is copied once into shared memory as NT / 8 planes of PS rows of 8
+// tokens (KS rows of x, then zero rows that padding slots read); every nonzero then costs one
+// 16-byte shared load per lane and 8 tokens instead of a gather through L1 (benchmarks/LOG.md,
+// "CSR decode": that gather bound the Triton kernels). A warp serves GPW consecutive groups of R
+// rows, one after another, NT / TPL lanes ("a team") per row, each lane TPL tokens in fp32: the
+// staged slice serves WARPS / KW x GPW x R rows. The rows' nonzeros come from the sliced ELL copy
+// (kernels/_sliced_ell.py), where a warp's groups in one slice are one contiguous stream: one
+// 16-byte streaming load per lane brings the row's next 4 (column, value) words, three loads stay
+// in flight across group boundaries, the copy gives the P rows of a quarter-warp columns distinct
+// mod P, and the plane pitch PS puts the team's lanes on the other bank positions.
 // With more than one slice, fp32 partials go to `ws`; the last CTA of a row block (an arrival
 // counter, left at zero again) sums them in slice order (deterministic) and applies the epilogue.
 // Or (CK > 1, sm_90) the slices of a row block form a cluster: each CTA stages only its slice of x,
@@ -25,7 +25,7 @@
 //   WARPS          warps per CTA
 //   KS             columns of K per slice
 //   GPW            groups of R rows per warp (at most 31)
-//   QS             lanes splitting each row's chunks (1, 2, 4): R = 32 / (NT / 8 * QS) rows per
+//   QS             lanes splitting each row's chunks (1, 2, 4): R = 32 / (NT / TPL * QS) rows per
 //                  warp; a row's lanes sum their parts by shuffles when its group ends. Fewer
 //                  rows per warp: more warps on a short matrix without splitting K further.
 //   KW             warps taking turns over the same groups' chunks (warp kw: steps kw, kw + KW,
@@ -63,8 +63,8 @@ constexpr int NB = NT / 8;       // planes of 8 tokens in shared memory
 constexpr int LP = TPL / 8;      // planes a lane reads (one 16-byte load each)
 constexpr int R = 32 / (TEAM * QS);  // rows per warp
 constexpr int QLANES = R * TEAM;     // lanes of one K part (lane = q * QLANES + t * TEAM + h)
-constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: the copy puts their columns on
-                                 // distinct 16-byte bank positions mod P
+constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: the copy gives their columns
+                                 // distinct residues mod P
 // rows per plane: lane h reads planes LP h .. LP h + LP - 1, so LP PS = P (mod 8) puts the team's
 // lanes of one row on the bank positions its P rows leave free
 constexpr int PS = KS + P + (LP == 2 && P == 4 ? 2 : 0);
