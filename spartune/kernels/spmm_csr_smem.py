@@ -119,6 +119,7 @@ def space(problem: Problem) -> list[Config]:
     nt = min(32, max(8, next_pow2(problem.n)))
     hopper = problem.device.endswith("sm_90")
     limit = SMEM_LIMIT if hopper or not problem.device else 99 * 1024
+    sixteen = nt >= 16 and problem.stats.nnz / (HOPPER_SMS * max(problem.k, 1)) >= TPL16_MIN_NNZ_PER_SM_COLUMN
     out = []
     for ks in K_SLICES:
         slices = math.ceil(problem.k / ks)
@@ -130,7 +131,7 @@ def space(problem: Problem) -> list[Config]:
                        if warps % kw == 0 for gpw in SHARED_GROUPS]
         if hopper and 1 < slices <= MAX_CLUSTER:
             candidates += [dataclasses.replace(c, ck=slices) for c in candidates]
-        if nt >= 16 and problem.stats.nnz / (HOPPER_SMS * max(problem.k, 1)) >= TPL16_MIN_NNZ_PER_SM_COLUMN:
+        if sixteen:
             candidates += [dataclasses.replace(c, tpl=16) for c in candidates]
         for cfg in candidates:
             if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \

@@ -98,6 +98,12 @@ __device__ __forceinline__ float2 pair_to_float2(unsigned v) {
 #endif
 }
 
+// 8 16-bit elements, the first lowest
+__device__ __forceinline__ uint4 pack8(const unsigned short (&e)[8]) {
+  return make_uint4(e[0] | (static_cast<unsigned>(e[1]) << 16), e[2] | (static_cast<unsigned>(e[3]) << 16),
+                    e[4] | (static_cast<unsigned>(e[5]) << 16), e[6] | (static_cast<unsigned>(e[7]) << 16));
+}
+
 // the weight is read once: bypass L1, where the staged x does not live but other CTAs' might
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -111,21 +117,15 @@ __device__ __forceinline__ void fma_word(float (&acc)[TPL], unsigned word, const
   const float v = elt_to_float(word & 0xffffu);
   const uint4* xr = xs_lane + (word >> 16);
 #pragma unroll
-  for (int j = 0; j < LP; ++j) {
+  for (int j = 0; j < LP; ++j) {  // plane j: tokens 8 j .. 8 j + 7, two a 32-bit pair
     const uint4 xv = xr[j * PS];
-    float* a = acc + 8 * j;
-    float2 f = pair_to_float2(xv.x);
-    a[0] = fmaf(v, f.x, a[0]);
-    a[1] = fmaf(v, f.y, a[1]);
-    f = pair_to_float2(xv.y);
-    a[2] = fmaf(v, f.x, a[2]);
-    a[3] = fmaf(v, f.y, a[3]);
-    f = pair_to_float2(xv.z);
-    a[4] = fmaf(v, f.x, a[4]);
-    a[5] = fmaf(v, f.y, a[5]);
-    f = pair_to_float2(xv.w);
-    a[6] = fmaf(v, f.x, a[6]);
-    a[7] = fmaf(v, f.y, a[7]);
+    const unsigned pairs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = pair_to_float2(pairs[i]);
+      acc[8 * j + 2 * i] = fmaf(v, f.x, acc[8 * j + 2 * i]);
+      acc[8 * j + 2 * i + 1] = fmaf(v, f.y, acc[8 * j + 2 * i + 1]);
+    }
   }
 }
 
@@ -220,8 +220,7 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
           unsigned short e[8];
 #pragma unroll
           for (int j = 0; j < 8; ++j) e[j] = k + j < K ? src[j] : static_cast<unsigned short>(0);
-          w = make_uint4(e[0] | (static_cast<unsigned>(e[1]) << 16), e[2] | (static_cast<unsigned>(e[3]) << 16),
-                         e[4] | (static_cast<unsigned>(e[5]) << 16), e[6] | (static_cast<unsigned>(e[7]) << 16));
+          w = pack8(e);
         }
         v[b][0] = w.x; v[b][1] = w.y; v[b][2] = w.z; v[b][3] = w.w;
       } else {
@@ -305,8 +304,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
         const int n = n0 + tb * 8 + i;
         v[i] = (k < KS && kk < K && n < N) ? x[n * sxn + kk * sxk] : static_cast<unsigned short>(0);
       }
-      xs[item] = make_uint4(v[0] | (static_cast<unsigned>(v[1]) << 16), v[2] | (static_cast<unsigned>(v[3]) << 16),
-                            v[4] | (static_cast<unsigned>(v[5]) << 16), v[6] | (static_cast<unsigned>(v[7]) << 16));
+      xs[item] = pack8(v);
     }
   }
   __syncthreads();
