@@ -3,6 +3,7 @@ import dataclasses
 import json
 import multiprocessing
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,8 @@ from spartune.tune.db import SCHEMA_VERSION, TuningDB
 from spartune.tune.device import H100
 from spartune.tune.problem import Problem
 
-VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0", "measure": "cold-replay"}
+VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0", "kernels": "0123abcd",
+            "measure": "cold-replay"}
 STATS = FormatStats(rows=4096, cols=4096, nnz=419430, density=0.1, unit_rows=64, units=64, items_mean=6.4,
                     items_cv=0.2, items_max=9, empty_units=0, item_cols=64)
 
@@ -87,7 +89,7 @@ def test_keys_never_cross_devices_or_versions(path):
     assert db.get_best(db.key(problem(device="NVIDIA H200 sm_90"))) is None
     assert db.get_best(db.key(problem(m=4160))) is None
     for name, other in (("torch", "2.14.0"), ("triton", "3.7.0"), ("spartune", "0.2.0"), ("cuda", "12.8"),
-                        ("measure", "warm-replay")):
+                        ("kernels", "4567ef01"), ("measure", "warm-replay")):
         newer = TuningDB(path, versions={**VERSIONS, name: other})
         assert newer.get_best(newer.key(problem())) is None, name
     # N is bucketed: 1500 and 2048 share an entry, 16 does not
@@ -100,6 +102,29 @@ def test_default_versions_name_the_installed_stack(path):
 
     assert versions["torch"] == torch.__version__ and versions["triton"] and versions["spartune"]
     assert versions["measure"] == "cold-replay-paired-v3"  # entries timed another way are not reused
+    assert len(versions["kernels"]) == 16 and int(versions["kernels"], 16) >= 0  # the sources' digest
+
+
+def test_the_kernels_digest_follows_their_sources(tmp_path, monkeypatch):
+    """An edit to any kernel or backend source changes the digest (so the DB re-tunes)."""
+    import shutil
+
+    import spartune.versions as versions
+
+    root = tmp_path / "spartune"
+    for d in ("kernels", "backends"):
+        shutil.copytree(Path(versions.__file__).parent / d, root / d)
+    shutil.copy(versions.__file__, root / "versions.py")
+    monkeypatch.setattr(versions, "__file__", str(root / "versions.py"))
+    versions.kernel_sources.cache_clear()
+    try:
+        before = versions.kernel_sources()
+        src = root / "kernels" / "cuda" / "src" / "spmm_csr_smem.cu"
+        src.write_text(src.read_text() + "\n")
+        versions.kernel_sources.cache_clear()
+        assert versions.kernel_sources() != before
+    finally:
+        versions.kernel_sources.cache_clear()
 
 
 # --- several processes -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 //                  ...): a short matrix gets many warps per row with K whole in one CTA (no
 //                  partials through global memory); the KW sums meet in shared memory in a fixed
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
+//   DEAL           1: warp rows dealt over the row blocks (default), 0: consecutive (for probes)
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
 #include "epilogue.cuh"
@@ -50,6 +51,9 @@
 #endif
 #ifndef CK
 #define CK 1
+#endif
+#ifndef DEAL
+#define DEAL 1
 #endif
 #if CK > 1
 #include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
@@ -79,6 +83,25 @@ static_assert(QS == 1 || QS == 2 || QS == 4, "QS must be 1, 2 or 4");
 static_assert(KS % 32 == 0, "KS must be a multiple of 32");
 static_assert(KW >= 1 && WARPS % KW == 0, "KW must divide WARPS");
 static_assert(CK >= 1 && CK <= 8, "CK must be in 1..8");
+
+// Rows come longest first, so consecutive warp rows per CTA would give the first CTAs the longest
+// groups and end a one-wave launch with them (equal groups measured 2-4% faster: LOG, session 21).
+// Warp row wr of CTA b is the grid's warp row wr B + b, its order reversed in every other band of
+// B: each CTA holds one long and one short warp row of each pair of bands.
+__device__ __forceinline__ int grid_warp_row(int wr) {
+#if DEAL
+  const int B = gridDim.x, b = blockIdx.x;
+  return wr * B + (wr & 1 ? B - 1 - b : b);
+#else
+  return blockIdx.x * WG + wr;
+#endif
+}
+
+// the grid's team row of the CTA's team row `local` (warp row major, then group, then team)
+__device__ __forceinline__ int grid_team_row(int local) {
+  constexpr int PER_WARP_ROW = GPW * R;
+  return grid_warp_row(local / PER_WARP_ROW) * PER_WARP_ROW + local % PER_WARP_ROW;
+}
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
 #if SPARTUNE_BF16
@@ -148,9 +171,9 @@ struct Partials {
 };
 
 // A finished group: its rows' out, or their partial sums of this slice.
-__device__ __forceinline__ void finish(const float (&acc)[TPL], int g, int t, int h, int n0, const int* rows,
-                                       const spartune::Epilogue& ep, const Partials& part) {
-  const int team_row = g * R + t;
+// `local`: the CTA's team row of it.
+__device__ __forceinline__ void finish(const float (&acc)[TPL], int team_row, int local, int h, int n0,
+                                       const int* rows, const spartune::Epilogue& ep, const Partials& part) {
   if (CK == 1 && part.slices == 1) {
     const int m = rows[team_row];
     if (m >= 0) {
@@ -160,7 +183,7 @@ __device__ __forceinline__ void finish(const float (&acc)[TPL], int g, int t, in
     }
     return;
   }
-  float* dst = CK > 1 ? part.red + (team_row - blockIdx.x * TEAM_ROWS) * NT
+  float* dst = CK > 1 ? part.red + local * NT
                       : part.ws + (part.base + part.slice * part.tile_rows + team_row) * NT;
   float4* p = reinterpret_cast<float4*>(dst + h * TPL);
 #pragma unroll
@@ -168,10 +191,10 @@ __device__ __forceinline__ void finish(const float (&acc)[TPL], int g, int t, in
 }
 
 // One element of a finished group (the KW path): out, or this slice's partial sum.
-__device__ __forceinline__ void emit(float v, int team_row, int n_local, int n0, const int* rows,
+__device__ __forceinline__ void emit(float v, int team_row, int local, int n_local, int n0, const int* rows,
                                      const spartune::Epilogue& ep, const Partials& part) {
   if (CK > 1) {
-    part.red[(team_row - blockIdx.x * TEAM_ROWS) * NT + n_local] = v;
+    part.red[local * NT + n_local] = v;
     return;
   }
   if (part.slices == 1) {
@@ -270,7 +293,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which TPL tokens
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
   const int wg = warp / KW, kw = warp % KW;
-  const int g0 = (blockIdx.x * WG + wg) * GPW;  // the warp's first group
+  const int g0 = grid_warp_row(wg) * GPW;  // the warp's first group
   const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
@@ -343,7 +366,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       if (QS >= 4) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2 * QLANES);
     }
     if (KW == 1) {
-      if (q == 0) finish(acc, g0 + gi, t, h, n0, rows, ep, part);
+      if (q == 0) finish(acc, (g0 + gi) * R + t, (wg * GPW + gi) * R + t, h, n0, rows, ep, part);
     } else {
 #pragma unroll
       for (int i = 0; i < TPL; ++i) sums[(warp * TPL + i) * 32 + lane] = acc[i];
@@ -351,12 +374,12 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       // each (warp row, lane of q = 0, token) sums its KW warps' parts in order
       for (int o = tid; o < WG * QLANES * TPL; o += THREADS) {
         const int w0 = o / (QLANES * TPL), i = o / QLANES % TPL, l = o % QLANES;
-        const int g = (blockIdx.x * WG + w0) * GPW + gi;
+        const int g = grid_warp_row(w0) * GPW + gi;
         if (g >= groups) continue;
         float v = 0.f;
 #pragma unroll 8
         for (int j = 0; j < KW; ++j) v += sums[((w0 * KW + j) * TPL + i) * 32 + l];
-        emit(v, g * R + l / TEAM, (l % TEAM) * TPL + i, n0, rows, ep, part);
+        emit(v, g * R + l / TEAM, (w0 * GPW + gi) * R + l / TEAM, (l % TEAM) * TPL + i, n0, rows, ep, part);
       }
       __syncthreads();
     }
@@ -371,8 +394,8 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const unsigned rank = spartune::cluster_rank();
   const float4* red4 = reinterpret_cast<const float4*>(red);
   for (int v = rank * THREADS + tid; v < TEAM_ROWS * NT / 4; v += CK * THREADS) {
-    const int team_row = blockIdx.x * TEAM_ROWS + v / (NT / 4), n = n0 + v % (NT / 4) * 4;
-    if (team_row >= groups * R) break;  // the rest of this CTA's vectors lie past the last group
+    const int team_row = grid_team_row(v / (NT / 4)), n = n0 + v % (NT / 4) * 4;
+    if (team_row >= groups * R) break;  // grid_team_row rises with v: the rest lie past the last group
     const int m = rows[team_row];
     float4 sum = spartune::load_peer_f4(red4 + v, 0);
 #pragma unroll
