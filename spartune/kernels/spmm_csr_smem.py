@@ -121,10 +121,8 @@ def space(problem: Problem) -> list[Config]:
     limit = SMEM_LIMIT if hopper or not problem.device else 99 * 1024
     sixteen = nt >= 16 and problem.stats.nnz / (HOPPER_SMS * max(problem.k, 1)) >= TPL16_MIN_NNZ_PER_SM_COLUMN
     out = []
-    for ks in K_SLICES:
+    for ks in _slice_widths(problem.k):
         slices = math.ceil(problem.k / ks)
-        if ks > max(K_SLICES[0], next_pow2(problem.k)) or slices > MAX_SLICES:
-            continue
         candidates = [Config(nt, ks, warps, gpw, qs) for warps in WARPS for qs in LANES_PER_ROW
                       for gpw in GROUPS_PER_WARP]
         candidates += [Config(nt, ks, warps, gpw, 1, kw) for kw in WARPS_PER_GROUP for warps in SHARED_WARPS
@@ -138,6 +136,20 @@ def space(problem: Problem) -> list[Config]:
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
                 out.append(cfg)
     return out if math.ceil(problem.n / nt) <= MAX_TOKEN_TILES else []
+
+
+def _slice_widths(k: int) -> list[int]:
+    """K_SLICES up to K, each followed by K cut evenly into as many slices (a multiple of 32
+    columns): 4096-column slices of K = 11008 leave a last one of 2816, and the CTAs of the full
+    slices set the time of a one-wave launch."""
+    out = []
+    for ks in K_SLICES:
+        slices = math.ceil(k / ks)
+        if ks > max(K_SLICES[0], next_pow2(k)) or slices > MAX_SLICES:
+            continue
+        even = 32 * math.ceil(k / slices / 32)
+        out += [ks] + ([even] if slices > 1 and even < ks and even not in K_SLICES else [])
+    return out
 
 
 def _partials_bytes(problem: Problem, config: Config) -> int:

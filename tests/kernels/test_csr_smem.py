@@ -262,3 +262,19 @@ def test_config_refuses_tokens_per_lane_its_tile_cannot_hold():
         K.Config(8, 256, 4, tpl=16)
     with pytest.raises(TypeError, match="tokens per lane"):
         K.Config(32, 256, 4, tpl=32)
+
+
+@pytest.mark.parametrize("Kd", [11008, 13824, 4096, 3000])
+def test_space_cuts_k_evenly_where_its_widths_leave_a_short_last_slice(Kd):
+    """Beside each power-of-two width, K cut into as many slices of equal width (a multiple of 32):
+    11008 = 4096 + 4096 + 2816 also runs as 3 x 3680; a K the widths divide gets no extra width."""
+    widths = {c.ks for c in K.space(problem(256, Kd, 8, density=0.1))}
+    assert all(ks % 32 == 0 for ks in widths)
+    for ks in K.K_SLICES:
+        if ks in widths and Kd > ks:
+            slices = -(-Kd // ks)
+            even = 32 * -(-Kd // (32 * slices))
+            assert even in widths, (ks, even)  # (ks itself where it divides K)
+            assert -(-Kd // even) == slices and even * slices - Kd < 32 * slices
+    extra = widths - set(K.K_SLICES)
+    assert sorted(extra) == {11008: [1856, 3680, 5504], 13824: [992, 1984, 3456, 6912], 4096: [], 3000: [1504]}[Kd]
