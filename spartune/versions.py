@@ -30,12 +30,12 @@ def software_versions() -> dict:
 
 @functools.cache
 def kernel_sources() -> str:
-    """A digest of the kernels' and backends' sources. A tuned choice was timed against one build
-    of them, so any change re-tunes: the release number alone stayed 0.1.0 through twenty kernel
+    """A digest of the kernels', backends' and formats' sources (formats/ lays out what a kernel
+    reads). A tuned choice was timed against one build of them, so any change re-tunes: the release number alone stayed 0.1.0 through twenty kernel
     versions in development, and a stored choice never saw the configs added since."""
     root = Path(__file__).parent
     digest = hashlib.sha256()
-    for path in sorted(p for d in ("kernels", "backends") for p in (root / d).rglob("*")
+    for path in sorted(p for d in ("kernels", "backends", "formats") for p in (root / d).rglob("*")
                        if p.suffix in (".py", ".cu", ".cuh")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]

@@ -8,7 +8,7 @@ correctness.py fill it:
     suite         suite name ("" for user shapes)
     date          ISO 8601, UTC
     device        {name, cuda, capability, sms, memory_gib, l2_mib, count} (CPU: {name, cuda: false, triton_interpreter})
-    versions      {python, torch, cuda, triton, numpy, matplotlib, spartune}
+    versions      {python, torch, cuda, triton, numpy, matplotlib, spartune, kernels}
     rates         {matrix_flops, dram_bw, fma_flops, l2_bw (per second), source, dtype}, measured at the
                   start of the same run; null in a correctness run
     options       {dtype, op, mode, budget_s, seed, rotate, ...}

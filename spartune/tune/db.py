@@ -4,8 +4,9 @@ SQLite, so a problem is tuned once per device and software stack, not once per p
 One file in the user cache directory (SPARTUNE_CACHE_DIR overrides). WAL mode and a busy
 timeout let several processes tune at once; writes are short `BEGIN IMMEDIATE` transactions.
 Keys hold the device, the torch / triton / CUDA / spartune versions and a digest of the kernels'
-sources, so an entry is never reused across any of them. A corrupt file, or one of another schema, is moved aside and rebuilt
-with a warning: losing a cache must never stop a model from running.
+sources, so an entry is never reused across any of them. A corrupt file, or one of another
+schema, is moved aside and rebuilt with a warning: losing a cache must never stop a model from
+running.
 """
 from __future__ import annotations
 

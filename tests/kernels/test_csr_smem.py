@@ -264,6 +264,13 @@ def test_config_refuses_tokens_per_lane_its_tile_cannot_hold():
         K.Config(32, 256, 4, tpl=32)
 
 
+def test_space_of_a_weight_without_columns():
+    """K = 0 (an (M, 0) weight): one slice width, no even cut to divide by zero slices."""
+    empty = st.CSR.from_dense(torch.zeros(64, 0, dtype=torch.float16))
+    prob = Problem("linear", "csr", 64, 0, 8, "float16", empty.stats(), device="NVIDIA H100 80GB HBM3 sm_90")
+    assert {c.ks for c in K.space(prob)} == {K.K_SLICES[0]}
+
+
 @pytest.mark.parametrize("Kd", [11008, 13824, 4096, 3000])
 def test_space_cuts_k_evenly_where_its_widths_leave_a_short_last_slice(Kd):
     """Beside each power-of-two width, K cut into as many slices of equal width (a multiple of 32):

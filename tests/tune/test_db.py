@@ -102,7 +102,8 @@ def test_default_versions_name_the_installed_stack(path):
 
     assert versions["torch"] == torch.__version__ and versions["triton"] and versions["spartune"]
     assert versions["measure"] == "cold-replay-paired-v3"  # entries timed another way are not reused
-    assert len(versions["kernels"]) == 16 and int(versions["kernels"], 16) >= 0  # the sources' digest
+    assert versions["kernels"] == dbmod.software_versions()["kernels"]  # the sources' digest, in every key
+    assert len(versions["kernels"]) == 16 and int(versions["kernels"], 16) >= 0
 
 
 def test_the_kernels_digest_follows_their_sources(tmp_path, monkeypatch):
@@ -112,7 +113,7 @@ def test_the_kernels_digest_follows_their_sources(tmp_path, monkeypatch):
     import spartune.versions as versions
 
     root = tmp_path / "spartune"
-    for d in ("kernels", "backends"):
+    for d in ("kernels", "backends", "formats"):
         shutil.copytree(Path(versions.__file__).parent / d, root / d)
     shutil.copy(versions.__file__, root / "versions.py")
     monkeypatch.setattr(versions, "__file__", str(root / "versions.py"))

@@ -1,7 +1,7 @@
 // Unstructured (CSR) SpMM for few tokens on CUDA cores, x staged in shared memory, linear layout
 // with the fused epilogue:  out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS x GPW groups of R
-// rows (grid x). Its slice of x is copied once into shared memory as NT / 8 planes of PS rows of 8
+// rows (grid x: its "row block", warp rows dealt over the matrix, grid_warp_row). Its slice of x is copied once into shared memory as NT / 8 planes of PS rows of 8
 // tokens (KS rows of x, then zero rows that padding slots read); every nonzero then costs one
 // 16-byte shared load per lane and 8 tokens instead of a gather through L1 (benchmarks/LOG.md,
 // "CSR decode": that gather bound the Triton kernels). A warp serves GPW consecutive groups of R
