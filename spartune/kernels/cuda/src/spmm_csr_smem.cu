@@ -205,6 +205,42 @@ __device__ __forceinline__ void emit(float v, int team_row, int local, int n_loc
   part.ws[(part.base + part.slice * part.tile_rows + team_row) * NT + n_local] = v;
 }
 
+// The slices' sums of the CTA's rows meet: each 4-token vector (v: the CTA's own, its team rows
+// first) summed over the slices in slice order (deterministic) and stored through the epilogue,
+// by threads first, first + stride, ...; slice(team_row, v, j) reads slice j's part, IN_FLIGHT
+// slices' loads at once. Serves split K (partials in global memory) and clusters (peers' shared
+// memory) alike.
+template <int IN_FLIGHT, class Slice>
+__device__ __forceinline__ void sum_slices(int slices, int first, int stride, const int* rows, int groups, int n0,
+                                           const spartune::Epilogue& ep, Slice slice) {
+  for (int v = first; v < TEAM_ROWS * NT / 4; v += stride) {
+    const int team_row = grid_team_row(v / (NT / 4)), n = n0 + v % (NT / 4) * 4;
+    if (team_row >= groups * R) break;  // grid_team_row rises with v: the rest lie past the last group
+    float4 sum = slice(team_row, v, 0);
+    for (int j0 = 1; j0 < slices; j0 += IN_FLIGHT) {
+      float4 p[IN_FLIGHT];
+#pragma unroll
+      for (int j = 0; j < IN_FLIGHT; ++j) {
+        if (j0 + j < slices) p[j] = slice(team_row, v, j0 + j);
+      }
+#pragma unroll
+      for (int j = 0; j < IN_FLIGHT; ++j) {
+        if (j0 + j < slices) {
+          sum.x += p[j].x; sum.y += p[j].y; sum.z += p[j].z; sum.w += p[j].w;
+        }
+      }
+    }
+    const int m = rows[team_row];
+    if (m >= 0) {
+      const float bias_m = ep.bias_of(m);
+      ep.store(m, n, sum.x, bias_m);
+      ep.store(m, n + 1, sum.y, bias_m);
+      ep.store(m, n + 2, sum.z, bias_m);
+      ep.store(m, n + 3, sum.w, bias_m);
+    }
+  }
+}
+
 // x[n0 : n0 + NT, k0 : k0 + KS] into shared memory as planes of KS rows of 8 tokens (zeros past N and K)
 // where x's rows are contiguous (Hopper): a warp loads 8 tokens x 32 columns (a unit), a batch of
 // units in flight at once, and `stmatrix.trans` writes each 8 x 8 block's columns as 16-byte rows
@@ -387,37 +423,20 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     for (int i = 0; i < TPL; ++i) acc[i] = 0.f;
   }
 #if CK > 1
-  // the cluster's slices meet: CTA `rank` sums every CK-th vector of 4 tokens over the CTAs in order
+  // the cluster's slices meet: CTA `rank` sums every CK-th vector over the CTAs' shared memory
   if (gridDim.y != CK) __trap();  // the host launches exactly CK slices (a cluster) per row block
   __syncwarp();
   spartune::cluster_sync();  // every slice's sums written (release / acquire)
-  const unsigned rank = spartune::cluster_rank();
   const float4* red4 = reinterpret_cast<const float4*>(red);
-  for (int v = rank * THREADS + tid; v < TEAM_ROWS * NT / 4; v += CK * THREADS) {
-    const int team_row = grid_team_row(v / (NT / 4)), n = n0 + v % (NT / 4) * 4;
-    if (team_row >= groups * R) break;  // grid_team_row rises with v: the rest lie past the last group
-    const int m = rows[team_row];
-    float4 sum = spartune::load_peer_f4(red4 + v, 0);
-#pragma unroll
-    for (int j = 1; j < CK; ++j) {
-      const float4 p = spartune::load_peer_f4(red4 + v, j);
-      sum.x += p.x; sum.y += p.y; sum.z += p.z; sum.w += p.w;
-    }
-    if (m >= 0) {
-      const float bias_m = ep.bias_of(m);
-      ep.store(m, n, sum.x, bias_m);
-      ep.store(m, n + 1, sum.y, bias_m);
-      ep.store(m, n + 2, sum.z, bias_m);
-      ep.store(m, n + 3, sum.w, bias_m);
-    }
-  }
+  sum_slices<CK>(CK, spartune::cluster_rank() * THREADS + tid, CK * THREADS, rows, groups, n0, ep,
+                 [&](int, int v, int j) { return spartune::load_peer_f4(red4 + v, j); });
   __syncwarp();  // (the loop's lanes may have left it apart: the barrier is .aligned)
   spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
   return;
 #endif
   if (slices == 1) return;
 
-  // split K: the last CTA of this row block and token tile sums the slices' partials in order
+  // split K: the last CTA of this row block and token tile sums the slices' partials, every thread
   __threadfence();
   __syncthreads();
   int* counter = counters + blockIdx.z * gridDim.x + blockIdx.x;
@@ -425,39 +444,10 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int i = 0; i < gn && q == 0 && kw == 0; ++i) {
-    const int team_row = (g0 + i) * R + t;
-    float sum[TPL];
-#pragma unroll
-    for (int j = 0; j < TPL; ++j) sum[j] = 0.f;
-    const float4* p = reinterpret_cast<const float4*>(ws + ((part.base + team_row) * NT + h * TPL));
-    const long long stride = tile_rows * NT / 4;  // one slice's partials, in float4
-    constexpr int IN_FLIGHT = 32 / TPL;  // slices' loads in flight, summed in order
-    for (int s0 = 0; s0 < slices; s0 += IN_FLIGHT) {
-      float4 v[IN_FLIGHT][TPL / 4];
-#pragma unroll
-      for (int j = 0; j < IN_FLIGHT; ++j) {
-#pragma unroll
-        for (int i = 0; i < TPL / 4; ++i) {
-          if (s0 + j < slices) v[j][i] = __ldcg(p + (s0 + j) * stride + i);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < IN_FLIGHT; ++j) {
-#pragma unroll
-        for (int i = 0; i < TPL / 4; ++i) {
-          if (s0 + j < slices) {
-            sum[4 * i] += v[j][i].x; sum[4 * i + 1] += v[j][i].y; sum[4 * i + 2] += v[j][i].z; sum[4 * i + 3] += v[j][i].w;
-          }
-        }
-      }
-    }
-    const int m = rows[team_row];
-    if (m >= 0) {
-      const float bias_m = ep.bias_of(m);
-#pragma unroll
-      for (int j = 0; j < TPL; ++j) ep.store(m, n0 + h * TPL + j, sum[j], bias_m);
-    }
-  }
+  const float4* ws4 = reinterpret_cast<const float4*>(ws) + part.base * (NT / 4);
+  const long long slice_vectors = tile_rows * (NT / 4);
+  sum_slices<8>(slices, tid, THREADS, rows, groups, n0, ep, [&](int team_row, int v, int j) {
+    return __ldcg(ws4 + j * slice_vectors + team_row * (NT / 4) + v % (NT / 4));
+  });
   if (tid == 0) *counter = 0;
 }
