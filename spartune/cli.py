@@ -404,7 +404,7 @@ def _info(args) -> int:
         dev = f"{d['name']} ({d['capability']}, {d['sms']} SMs, {d['memory_gib']} GiB, L2 {d['l2_mib']} MiB)"
     else:
         dev = f"{d['name']}: `spartune bench` runs a correctness-only pass under the Triton interpreter"
-    print(f"spartune {v['spartune']}")
+    print(f"spartune {v['spartune']} (kernels {v['kernels']}: tuned choices are kept per kernel build)")
     print(f"device       {dev}")
     print(f"versions     python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), triton {v['triton']}, "
           f"numpy {v['numpy']}, matplotlib {v['matplotlib']}")
