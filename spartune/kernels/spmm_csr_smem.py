@@ -5,10 +5,10 @@ Why a CUDA family: at 8-32 tokens every nonzero needs a strip of x, and the Trit
 gather it through L1, one cache line per nonzero, which bound them at ~2x the decode floor
 (benchmarks/LOG.md, "CSR decode"); Triton has no indexed load from shared memory. Here a CTA
 copies its slice of K of x into shared memory once and each nonzero costs one 16-byte shared
-load per lane and 8 tokens; the weight streams once from a sliced ELL copy (kernels/_sliced_ell.py) whose
-slot order avoids bank conflicts. Config: tokens per CTA (NT), K per slice (KS, split over
-CTAs, partial sums reduced in order by the last CTA of a row block: a CTA's warp rows, dealt
-over the matrix so that long and short rows mix), warps per CTA, groups
+load per lane and 8 tokens; the weight streams once from a sliced ELL copy
+(kernels/_sliced_ell.py) whose slot order avoids bank conflicts. Config: tokens per CTA (NT), K
+per slice (KS, split over CTAs, partial sums reduced in order by the last CTA of a row block: a
+CTA's warp rows, dealt over the matrix so that long and short rows mix), warps per CTA, groups
 of rows per warp (GPW: the rows one staged slice of x serves; the copy costs as much as
 streaming the rows' nonzeros when too few rows share it), lanes per row (QS) and warps per
 group (KW: on a short matrix, many warps share one group's chunks with K whole in the CTA,
@@ -141,8 +141,9 @@ def space(problem: Problem) -> list[Config]:
 
 def _slice_widths(k: int) -> list[int]:
     """K_SLICES up to the power of two at or above K, each that leaves a short last slice followed
-    by K cut evenly into as many slices (a multiple of 32 columns): 4096-column slices of K = 11008 leave a last one of 2816, and the CTAs of the full
-    slices set the time of a one-wave launch."""
+    by K cut evenly into as many slices (a multiple of 32 columns): 4096-column slices of
+    K = 11008 leave a last one of 2816, and the CTAs of the full slices set the time of a
+    one-wave launch."""
     out = []
     for ks in K_SLICES:
         slices = math.ceil(k / ks)

@@ -1,10 +1,11 @@
 // Unstructured (CSR) SpMM for few tokens on CUDA cores, x staged in shared memory, linear layout
 // with the fused epilogue:  out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // A CTA owns one slice of K (KS columns; grid y) for NT tokens (grid z) and WARPS x GPW groups of R
-// rows (grid x: its "row block", warp rows dealt over the matrix, grid_warp_row). Its slice of x is copied once into shared memory as NT / 8 planes of PS rows of 8
-// tokens (KS rows of x, then zero rows that padding slots read); every nonzero then costs one
-// 16-byte shared load per lane and 8 tokens instead of a gather through L1 (benchmarks/LOG.md,
-// "CSR decode": that gather bound the Triton kernels). A warp serves GPW consecutive groups of R
+// rows (grid x: its "row block", warp rows dealt over the matrix by grid_warp_row). Its slice of x
+// is copied once into shared memory as NT / 8 planes of PS rows of 8 tokens (KS rows of x, then
+// zero rows that padding slots read); every nonzero then costs one 16-byte shared load per lane
+// and 8 tokens instead of a gather through L1 (benchmarks/LOG.md, "CSR decode": that gather bound
+// the Triton kernels). A warp serves GPW consecutive groups of R
 // rows, one after another, NT / TPL lanes ("a team") per row, each lane TPL tokens in fp32: the
 // staged slice serves WARPS / KW x GPW x R rows. The rows' nonzeros come from the sliced ELL copy
 // (kernels/_sliced_ell.py), where a warp's groups in one slice are one contiguous stream: one
@@ -32,7 +33,6 @@
 //                  ...): a short matrix gets many warps per row with K whole in one CTA (no
 //                  partials through global memory); the KW sums meet in shared memory in a fixed
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
-//   DEAL           1: warp rows dealt over the row blocks (default), 0: consecutive (for probes)
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
 #include "epilogue.cuh"
@@ -51,9 +51,6 @@
 #endif
 #ifndef CK
 #define CK 1
-#endif
-#ifndef DEAL
-#define DEAL 1
 #endif
 #if CK > 1
 #include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
@@ -89,12 +86,8 @@ static_assert(CK >= 1 && CK <= 8, "CK must be in 1..8");
 // Warp row wr of CTA b is the grid's warp row wr B + b, its order reversed in every other band of
 // B: each CTA holds one long and one short warp row of each pair of bands.
 __device__ __forceinline__ int grid_warp_row(int wr) {
-#if DEAL
   const int B = gridDim.x, b = blockIdx.x;
   return wr * B + (wr & 1 ? B - 1 - b : b);
-#else
-  return blockIdx.x * WG + wr;
-#endif
 }
 
 // the grid's team row of the CTA's team row `local` (warp row major, then group, then team)
