@@ -14,7 +14,10 @@ the P rows that one quarter of a warp serves (teams t = iP .. iP + P - 1) read c
 different residues mod P (the kernel's plane pitch then puts each row's lanes on the remaining
 16-byte bank positions of the staged x): row t takes,
 at round r, its r-th column of residue (t + j) mod P for slot j = rP + ((residue - t) mod P).
-That holds while every residue class of a row still has columns; the tail may conflict.
+Where a class runs out before the row does, its later slots (holes) take the longer classes'
+last columns, and only those read off their bank position (`_slots`); padding takes residues its
+quarter-warp leaves free (`_spread_padding`): 1.05-1.18 shared-memory wavefronts a quarter-warp
+and slot on 90% weights, against 1.4 when all of a row's later slots shifted (LOG, session 23).
 Built once per weight, values and pattern, and memoised on the CSR object.
 """
 from __future__ import annotations
@@ -82,14 +85,12 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     # sorted by column and the sort is stable)
     bucket = (row * S + s) * P + res
     rank = _rank_within(bucket)
-    slot_key = rank * P + (res - t % P) % P
-    # final order: block (s, g), team t, slot key; j = index within (s, g, t)
     team = (s * G + g) * R + t
-    order = torch.argsort(team * (KS + P) + slot_key, stable=True)
-    team_sorted = team[order]
-    j = _rank_within_sorted(team_sorted)
     per_team = torch.bincount(team, minlength=S * G * R).view(S * G, R)
     chunks = -(-per_team.amax(1) // (U * Q)) * Q  # 16-byte loads per row in each block
+    j = _slots(team, (res - t % P) % P, rank, (chunks * U).repeat_interleave(R), local, P)
+    order = torch.argsort(team * (KS + P) + j)
+    j = j[order]
     sizes = chunks * U * R
     offsets = torch.zeros(S * G + 1, dtype=torch.long, device=dev)
     offsets[1:] = torch.cumsum(sizes, 0)
@@ -107,10 +108,60 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     where = offsets[b] + (j // U) * (U * R) + t[order] * U + j % U
     bits = A.values.view(torch.int16).long() & 0xFFFF
     words[where] = (local[order] << 16) | bits[order]
+    pad = torch.ones(total, dtype=torch.bool, device=dev)
+    pad[where] = False
+    _spread_padding(words, pad, R, KS, P)
     words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     rows = torch.full((G * R,), -1, dtype=torch.int32, device=dev)
     rows[:M] = A.row_order
     return SlicedELL(words.contiguous(), offsets.to(torch.int32), rows, G, S)
+
+
+def _slots(team: torch.Tensor, k: torch.Tensor, rank: torch.Tensor, length: torch.Tensor, local: torch.Tensor,
+           P: int) -> torch.Tensor:
+    """Each nonzero's slot j < L in its team's row of L = length[team] slots (the block's, padding
+    included): slot j belongs to class k = j mod P (the row's residues rotated by its team), whose
+    rank-r column takes slot rP + k while the class has columns and slots. A longer class's columns
+    past its slots take the last slots that shorter classes leave empty (holes), in column order,
+    where the quarter-warp's other rows are most often padding; the holes left over are padding.
+    So only those columns read off their bank position, not every slot after the first class runs
+    out (LOG, session 23)."""
+    scheduled = (length[team] - k + P - 1) // P  # the class's slots in the row
+    on = rank < scheduled
+    j = rank * P + k
+    # holes: ranks count .. slots - 1 of each (team, class), in slot order within each team
+    cls = torch.arange(length.numel() * P, device=team.device)
+    counts = torch.bincount(team * P + k, minlength=cls.numel())
+    holes = (((length.repeat_interleave(P) - cls % P + P - 1) // P) - counts).clamp(min=0)
+    owner = torch.repeat_interleave(cls, holes)
+    first = torch.cumsum(holes, 0) - holes
+    hole_j = (counts[owner] + torch.arange(owner.numel(), device=team.device) - first[owner]) * P + owner % P
+    by_slot = torch.argsort((owner // P) * (1 << 32) + hole_j)
+    hole_team, hole_j = owner[by_slot] // P, hole_j[by_slot]
+    # each team's last holes, as many as it has columns past their class's slots
+    extra = (~on).nonzero().squeeze(1)
+    wanted = torch.bincount(team[extra], minlength=length.numel())
+    from_end = torch.bincount(hole_team, minlength=length.numel())[hole_team] - 1 - _rank_within_sorted(hole_team)
+    used = from_end < wanted[hole_team]
+    extra = extra[torch.argsort(team[extra] * (1 << 32) + local[extra])]
+    j[extra] = hole_j[used]
+    return j
+
+
+def _spread_padding(words: torch.Tensor, pad: torch.Tensor, R: int, KS: int, P: int) -> None:
+    """Point each padding slot (in place) at a zero row of a residue that no real column of its
+    quarter-warp's P rows reads at that slot, so padding never adds to a bank conflict."""
+    U = SLOTS_PER_LOAD
+    w = words.view(-1, R, U).transpose(1, 2).reshape(-1, P)  # rows: (chunk, slot, quarter); P rows each
+    is_pad = pad.view(-1, R, U).transpose(1, 2).reshape(-1, P)
+    residue = (w >> 16) % P
+    used = torch.zeros(is_pad.shape, dtype=torch.int32, device=w.device).scatter_add_(1, residue, (~is_pad).int()) > 0
+    # free residues first (ascending), then the used ones; the i-th padding row takes the i-th
+    free = torch.argsort(used.to(torch.int8) * P + torch.arange(P, device=w.device), dim=1)
+    nth = torch.cumsum(is_pad, 1) - 1
+    chosen = torch.gather(free, 1, nth.clamp(min=0))
+    w = torch.where(is_pad, (KS + chosen) << 16, w)
+    words.copy_(w.view(-1, U, R).transpose(1, 2).reshape(-1))
 
 
 def _rank_within(key: torch.Tensor) -> torch.Tensor:

@@ -41,20 +41,36 @@ def test_layout_round_trips(dtype, M, Kd, density, nt, ks, lanes):
     assert (local[pad] < ks + P).all()
 
 
-def test_a_quarter_warp_mostly_reads_distinct_bank_positions():
-    """At each slot the P rows of a quarter-warp read columns of distinct residues mod P while
-    their residue classes last: far more often than random order's P!/P^P (9% at P = 4)."""
-    _, A = random_csr(512, 4096, 0.1, seed=1)
-    R, P, ks = 16, 4, 2048
-    ell = sliced_ell(A, R, ks, P)
-    local = (ell.words.long() & 0xFFFFFFFF) >> 16
-    distinct = total = 0
-    for b in range(ell.groups * ell.slices):
-        blk = local[ell.offsets[b]:ell.offsets[b + 1]].view(-1, R, 4).permute(0, 2, 1).reshape(-1, P)
-        res = torch.sort(blk % P, dim=1).values
-        distinct += int((res == torch.arange(P)).all(1).sum())
-        total += res.shape[0]
-    assert distinct / total > 0.6
+def quarter_slots(ell, R, P):
+    """(residue of each slot, is it padding), as (chunk and slot, quarter-warp, P rows)."""
+    words = ell.words.long() & 0xFFFFFFFF
+    local = (words >> 16).view(-1, R, 4).transpose(1, 2).reshape(-1, R // P, P)
+    return local % P, ((words & 0xFFFF) == 0).view(-1, R, 4).transpose(1, 2).reshape(-1, R // P, P)
+
+
+@pytest.mark.parametrize("R, P, ks, bound", [(32, 8, 4096, 1.25), (16, 4, 4096, 1.12), (32, 8, 1024, 1.12)])
+def test_a_quarter_warp_mostly_reads_distinct_bank_positions(R, P, ks, bound):
+    """Shared-memory wavefronts per quarter-warp and slot (the most rows of one residue) on a 90%
+    weight: 1.18 / 1.08 / 1.09, where v14's order (every later slot of a row shifted once a residue
+    class ran out) had 1.38 / 1.15 / 1.73."""
+    _, A = random_csr(2048, 4096, 0.1, seed=1)
+    residue, _ = quarter_slots(sliced_ell(A, R, ks, P), R, P)
+    wavefronts = torch.nn.functional.one_hot(residue, P).sum(2).amax(2).double().mean()
+    assert 1.0 <= wavefronts < bound
+
+
+def test_padding_takes_the_residues_its_quarter_warp_leaves_free():
+    _, A = random_csr(300, 2500, 0.05, seed=2)
+    R, P = 32, 8
+    residue, pad = quarter_slots(sliced_ell(A, R, 1024, P), R, P)
+    real = torch.nn.functional.one_hot(residue, P) * (~pad).unsqueeze(-1)
+    taken = real.sum(2) > 0  # residues real columns read
+    distinct = taken.sum(2)
+    clash = (pad & torch.gather(taken, 2, residue)).any(2)  # a padding row on a real column's residue
+    assert pad.any() and not (clash & (distinct + pad.sum(2) <= P)).any()
+    # and padding rows never share a residue among themselves while one is free
+    pads = torch.nn.functional.one_hot(residue, P) * pad.unsqueeze(-1)
+    assert not ((pads.sum(2) > 1).any(2) & (distinct + pad.sum(2) <= P)).any()
 
 
 def test_the_layout_is_rebuilt_when_values_change():
