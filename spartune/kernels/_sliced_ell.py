@@ -66,6 +66,8 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     M, K = A.shape
     if A.values.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"csr_smem runs fp16 / bf16 weights, got {A.values.dtype}")
+    if R % P:
+        raise ValueError(f"a group of {R} rows must hold whole quarter-warps of {P} rows")
     if KS % P or KS + P > 1 << 16:
         raise ValueError(f"a slice of {KS} columns must be a multiple of {P} and below 65536 - {P}")
     dev = A.values.device
@@ -97,12 +99,8 @@ def _build(A: CSR, R: int, KS: int, P: int, Q: int) -> SlicedELL:
     total = int(offsets[-1])
     if total >= 1 << 31:
         raise ValueError(f"the sliced ELL copy would hold {total} words, more than int32 offsets address")
-    # every word starts as padding: value 0, a zero row of the slot's own bank position
-    block = torch.repeat_interleave(torch.arange(S * G, device=dev), sizes)
-    within = torch.arange(total, device=dev) - offsets[block]
-    pad_t = (within % (U * R)) // U
-    pad_j = (within // (U * R)) * U + within % U
-    words = (KS + (pad_t % P + pad_j) % P) << 16
+    # every word starts as padding (value 0); _spread_padding points it at a free zero row
+    words = torch.zeros(total, dtype=torch.long, device=dev)
     # the nonzeros
     b = (s * G + g)[order]
     where = offsets[b] + (j // U) * (U * R) + t[order] * U + j % U
