@@ -124,13 +124,14 @@ def _slots(team: torch.Tensor, k: torch.Tensor, rank: torch.Tensor, length: torc
     where the quarter-warp's other rows are most often padding; the holes left over are padding.
     So only those columns read off their bank position, not every slot after the first class runs
     out (LOG, session 23)."""
-    scheduled = (length[team] - k + P - 1) // P  # the class's slots in the row
-    on = rank < scheduled
+    cls = torch.arange(length.numel() * P, device=team.device)  # (team, class) = team * P + class
+    slots = (length.repeat_interleave(P) - cls % P + P - 1) // P  # each class's slots in its row
+    mine = team * P + k
+    on = rank < slots[mine]
     j = rank * P + k
     # holes: ranks count .. slots - 1 of each (team, class), in slot order within each team
-    cls = torch.arange(length.numel() * P, device=team.device)
-    counts = torch.bincount(team * P + k, minlength=cls.numel())
-    holes = (((length.repeat_interleave(P) - cls % P + P - 1) // P) - counts).clamp(min=0)
+    counts = torch.bincount(mine, minlength=cls.numel())
+    holes = (slots - counts).clamp(min=0)
     owner = torch.repeat_interleave(cls, holes)
     first = torch.cumsum(holes, 0) - holes
     hole_j = (counts[owner] + torch.arange(owner.numel(), device=team.device) - first[owner]) * P + owner % P
