@@ -31,6 +31,20 @@ dtype = getattr(torch, os.environ.get("DTYPE", "float16"))
 gen = torch.Generator(device="cuda").manual_seed(0)
 spec = load_or_calibrate(None)
 rows = []
+for M, K, N, density in ((37, 1000, 7, 0.5), (100, 3000, 17, 0.3), (16, 64, 1, 1.0), (300, 520, 32, 0.05)):
+    w = torch.randn(M, K, device="cuda", dtype=dtype, generator=gen)
+    w = w * (torch.rand(M, K, device="cuda", generator=gen) < density)
+    w[M // 2] = torch.randn(K, device="cuda", dtype=dtype, generator=gen)  # a row with every column
+    A = st.CSR.from_dense(w)
+    x = torch.randn(N, K, device="cuda", dtype=dtype, generator=gen)
+    expect = x.double() @ w.double().T
+    prob = Problem("linear", "csr", M, K, N, str(dtype).split(".")[1], A.stats(), device=device_name())
+    for cfg in B.space(prob):
+        out = torch.full((N, M), float("nan"), device="cuda", dtype=dtype)
+        B.launch(A, x, out, cfg)
+        err = ((out.double() - expect).norm() / expect.norm()).item()
+        assert err < 2e-2 and not out.isnan().any(), (M, K, N, density, cfg, err)
+print("odd shapes ok", flush=True)
 out_dir = os.environ.get("OUT", "out")
 os.makedirs(out_dir, exist_ok=True)
 for density in DENSITIES:

@@ -7,8 +7,9 @@ the tokens and the density (80% at N = 16: 1.45x; N = 32: slower than dense); a 
 ~60 instructions to decode at any density and its mma covers 8 tokens for each n8 block. csr_tc
 (LOG, "csr_tc v1b") lost because it expanded tiles through shared memory; here nothing of A
 touches shared memory. Config: tokens per CTA (NT), pairs of 16-column tiles per slice of K (KP:
-split over CTAs, partials reduced in order by the last CTA of a row block), warps per CTA (one
-row tile of 16 each), and PF: the warp's records and values asked of L2 ahead.
+split over CTAs, partials reduced in order by the last CTA of a row block) and warps per CTA (one
+row tile of 16 each; each stages its records and values in shared memory, VALUES_PER_PAIR
+halves a pair at most at once: 25% density).
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from ..formats import CSR
 from ..tune.problem import Problem
 
 DTYPES = ("float16", "bfloat16")
-SLICES = (512, 1024, 2048, 4096)  # columns of K per slice
+SLICES = (256, 512, 1024, 2048, 4096)  # columns of K per slice
 WARPS = (4, 8, 16)
 SMEM_LIMIT = 227 * 1024
+VALUES_PER_PAIR = 128  # each warp's buffer: past this many values a pair, a slice is staged in segments
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,17 @@ class Config:
     nt: int  # tokens per CTA: 8, 16 or 32
     kp: int  # pairs of 16-column tiles per slice (32 * kp columns)
     warps: int  # warps per CTA, a row tile of 16 each
-    pf: int = 0  # 1: each warp prefetches its records and values into L2 first
+
+
+def _values_per_warp(config: Config) -> int:
+    return max(1024, VALUES_PER_PAIR * config.kp)
 
 
 def _smem_bytes(config: Config) -> int:
-    return config.nt * (32 * config.kp + 8) * 2
+    """x's slice, then each warp's records (96 bytes a pair) and values; 16 bytes of slack for
+    the value past the last that a lane reads and discards."""
+    x = config.nt * (32 * config.kp + 8) * 2
+    return x + config.warps * (96 * config.kp + 2 * _values_per_warp(config)) + 16
 
 
 def available(device) -> bool:
@@ -58,10 +66,9 @@ def space(problem: Problem) -> list[Config]:
         if ks > max(SLICES[0], next_pow2(problem.k)):
             continue
         for warps in WARPS:
-            for pf in (0, 1):
-                cfg = Config(nt, ks // 32, warps, pf)
-                if _smem_bytes(cfg) <= SMEM_LIMIT:
-                    out.append(cfg)
+            cfg = Config(nt, ks // 32, warps)
+            if _smem_bytes(cfg) <= SMEM_LIMIT:
+                out.append(cfg)
     return out
 
 
@@ -71,7 +78,7 @@ _kernels: dict[tuple, object] = {}
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_csr_bitmap.cu", "spmm_csr_bitmap", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KP": config.kp,
-        "PF": config.pf}, arch_specific=bool(config.pf))
+        "VW": _values_per_warp(config)})
 
 
 def instances(problem: Problem, config: Config) -> list:

@@ -11,25 +11,31 @@
 // high in 4 + s; word 8 the tile's first value; word 9 byte s: the values of sub-tiles before s;
 // word 10 byte s: the set bits in the low word of sub-tile s's map.
 // A CTA owns WARPS row tiles of 16 (grid x), one slice of K of 32 * KP columns (grid y) and NT
-// tokens (grid z); x's slice is staged once in shared memory (cp.async) for its warps. With more
+// tokens (grid z); x's slice is staged once in shared memory (cp.async) for its warps, and each
+// warp copies its row tile's records and values for the slice into its own part of shared memory
+// first (cp.async, under x's staging; in segments of pairs whose values fit VW halves), so the
+// decode's loads wait on shared memory, not on a DRAM round trip per pair (v1). With more
 // than one slice, fp32 partials go to `ws` and the last CTA of a row block (an arrival counter,
 // left at zero again) sums them in slice order and applies the epilogue.
 //   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
 //   NT             tokens per CTA: 8, 16 or 32
 //   WARPS          warps (row tiles) per CTA
 //   KP             pairs of 16-column tiles per slice
-//   PF             1: each warp asks L2 for its records and values before x's staging
+//   VW             halves of values each warp's buffer holds (a pair's 512 at most fit)
 #include "epilogue.cuh"
 
-#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KP) || !defined(PF)
-#error "spmm_csr_bitmap.cu needs SPARTUNE_BF16, NT, WARPS, KP and PF"
+#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KP) || !defined(VW)
+#error "spmm_csr_bitmap.cu needs SPARTUNE_BF16, NT, WARPS, KP and VW"
 #endif
 
 constexpr int KS = 32 * KP;  // columns of K per slice
 constexpr int XP = KS + 8;   // halves per staged token row (16-byte pad: ldmatrix without conflicts)
 constexpr int NB = NT / 8;   // n8 blocks of tokens
 constexpr int THREADS = WARPS * 32;
+constexpr int REC_BYTES = KP * 96;             // a warp's records of one slice
+constexpr int WARP_BYTES = REC_BYTES + VW * 2;  // and its values
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
+static_assert(VW % 8 == 0 && VW >= 520, "VW must hold a pair of dense tiles and its alignment");
 
 #if SPARTUNE_BF16
 #define SPARTUNE_MMA_TYPES "f32.bf16.bf16.f32"
@@ -60,12 +66,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
                : "memory");
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {  // p and bytes multiples of 16
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // A lane's share of a tile record: the words of the four maps that hold its bits (low words for
 // lanes 0-15, high for 16-31), then the tile's header.
 struct Tile {
@@ -73,8 +73,8 @@ struct Tile {
 };
 
 // rec: this lane's map words of the tile (its record + hi); head: 2 - hi past them
-__device__ __forceinline__ Tile load_tile(const uint4* __restrict__ rec, int head) {
-  return Tile{__ldg(rec), __ldg(rec + head)};
+__device__ __forceinline__ Tile load_tile(const uint4* rec, int head) {
+  return Tile{rec[0], rec[head]};
 }
 
 // This lane's A fragment of a tile: sh = 2 * lane % 32, hi = lane >= 16, below = the mask of the
@@ -87,22 +87,23 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned select
   return r;
 }
 
-__device__ __forceinline__ void decode(const Tile& t, const unsigned short* __restrict__ vals, unsigned (&a)[4],
-                                       int sh, bool hi, unsigned below) {
+// vals: the warp's staged values, the first at index va of the weight's.
+__device__ __forceinline__ void decode(const Tile& t, const unsigned short* vals, int va, unsigned (&a)[4], int sh,
+                                       bool hi, unsigned below) {
   const unsigned maps[4] = {t.maps.x, t.maps.y, t.maps.z, t.maps.w};
   const unsigned before = t.head.y + (hi ? t.head.z : 0u);  // byte s: values before this lane's word of s
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     const unsigned word = maps[s];
-    const unsigned i = t.head.x + prmt(before, 0u, 0x4440u + s) + __popc(word & below);
-    const unsigned u0 = __ldg(vals + i), u1 = __ldg(vals + i + 1);
+    const unsigned i = t.head.x - va + prmt(before, 0u, 0x4440u + s) + __popc(word & below);
+    const unsigned u0 = vals[i], u1 = vals[i + 1];
     const unsigned two = (word >> sh) & 3u;
     a[s] = prmt(u0, u1, prmt(0x22102222u, 0x54101022u, two * 0x22u + 0x10u));
   }
 }
 
 // records: (row_tiles, k_tiles) tiles of 3 uint4, k_tiles even, then a pair of padding; tile_base: (row_tiles * k_tiles + 1)
-// first values (PF only). x (N, K) at strides (sxn, sxk); x_vec: rows contiguous, sxn a multiple of
+// first values, then nnz. x (N, K) at strides (sxn, sxk); x_vec: rows contiguous, sxn a multiple of
 // 8 and x 16-byte aligned (cp.async). ws: fp32 partials (token tiles, slices, row_tiles * 16, NT)
 // when slices > 1; counters: one per (row block, token tile), zero between calls.
 extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
@@ -118,25 +119,26 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
   const int rt = blockIdx.x * WARPS + warp;
   const int kt0 = s * 2 * KP, pairs = rt < row_tiles ? (min(2 * KP, k_tiles - kt0)) / 2 : 0;
-  const uint4* rec = records + (static_cast<long long>(rt) * k_tiles + kt0) * 3;
 
-#if PF
-  if (pairs > 0) {  // the warp's records and values, 4 KB a lane and request
-    const long long t0 = static_cast<long long>(rt) * k_tiles + kt0;
-    const char* r0 = reinterpret_cast<const char*>(rec);
-    const unsigned rbytes = pairs * 2 * 48;
-    for (unsigned o = lane * 4096; o < rbytes; o += 32 * 4096) prefetch_l2(r0 + o, min(4096u, rbytes - o));
-    const int v0 = tile_base[t0] & ~7, v1 = (tile_base[t0 + 2 * pairs] + 7) & ~7;
-    const char* p0 = reinterpret_cast<const char*>(vals + v0);
-    const unsigned vbytes = (v1 - v0) * 2;
-    for (unsigned o = lane * 4096; o < vbytes; o += 32 * 4096) prefetch_l2(p0 + o, min(4096u, vbytes - o));
-  }
-#endif
-  Tile cur[2] = {}, nxt[2] = {};
-  const bool hi = lane >= 16;
-  const int head = 2 - hi;
-  rec += hi;
-  if (pairs > 0) cur[0] = load_tile(rec, head), cur[1] = load_tile(rec + 3, head);
+  const long long t0 = static_cast<long long>(rt) * k_tiles + kt0;
+  char* wbuf = reinterpret_cast<char*>(xs + NT * XP) + warp * WARP_BYTES;
+  uint4* rec_s = reinterpret_cast<uint4*>(wbuf);
+  unsigned short* val_s = reinterpret_cast<unsigned short*>(wbuf + REC_BYTES);
+
+  // Copy pairs [p0, p0 + seg) of the warp's row tile into its buffer, seg as many as fit VW halves
+  // (values from va, rounded down to 16 bytes); returns seg.
+  auto stage = [&](int p0, int& va) {
+    va = tile_base[t0 + 2 * p0] & ~7;
+    const int end = tile_base[t0 + 2 * min(p0 + lane + 1, pairs)];  // lane j: the end of pair p0 + j
+    const int seg = min(max(__popc(__ballot_sync(0xffffffffu, end - va <= VW)), 1), pairs - p0);
+    const int vb = __shfl_sync(0xffffffffu, end, seg - 1);
+    const uint4* rg = records + (t0 + 2 * p0) * 3;
+    for (int v = lane; v < seg * 6; v += 32) cp_async16(rec_s + v, rg + v, 16);
+    const uint4* vg = reinterpret_cast<const uint4*>(vals + va);
+    for (int v = lane; v < (vb - va + 7) / 8; v += 32) cp_async16(reinterpret_cast<uint4*>(val_s) + v, vg + v, 16);
+    return seg;
+  };
+  int va = 0, seg = pairs > 0 ? stage(0, va) : 0;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as NT rows of KS halves (zeros past N and K)
   if (x_vec) {
@@ -146,16 +148,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
       const int bytes = ok ? min(8, K - k0 - k) * 2 : 0;
       cp_async16(xs + n * XP + k, ok ? x + (n0 + n) * sxn + k0 + k : x, bytes);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
   } else {
     for (int i = tid; i < NT * KS; i += THREADS) {
       const int n = i / KS, k = i % KS;
       xs[n * XP + k] = n0 + n < N && k0 + k < K ? x[(n0 + n) * sxn + (k0 + k) * sxk] : static_cast<unsigned short>(0);
     }
   }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
 
+  const bool hi = lane >= 16;
+  const int head = 2 - hi;  // a tile's header, in uint4 past this lane's map words
   const int sh = 2 * lane % 32;
   const unsigned below = (1u << sh) - 1u;
   // ldmatrix.x4 addresses: lane l names row l % 8 of matrix l / 8; x (tokens 8 j .. 8 j + 7, the
@@ -168,20 +172,32 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
   for (int j = 0; j < NB; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-  for (int p = 0; p < pairs; ++p) {
-    rec += 6;  // (the records carry a pair of padding past the last row tile)
-    nxt[0] = load_tile(rec, head), nxt[1] = load_tile(rec + 3, head);
-    unsigned a[2][4];
-    decode(cur[0], vals, a[0], sh, hi, below);
-    decode(cur[1], vals, a[1], sh, hi, below);
+  for (int p0 = 0; p0 < pairs;) {  // segments of staged pairs (one, unless the values overflow VW)
+    const uint4* rec = rec_s + hi;
+    Tile cur[2] = {load_tile(rec, head), load_tile(rec + 3, head)}, nxt[2];
+    for (int q = 0; q < seg; ++q) {
+      rec += 6;  // (a pair past the segment's last reads stale words, never used)
+      nxt[0] = load_tile(rec, head), nxt[1] = load_tile(rec + 3, head);
+      unsigned a[2][4];
+      decode(cur[0], val_s, va, a[0], sh, hi, below);
+      decode(cur[1], val_s, va, a[1], sh, hi, below);
 #pragma unroll
-    for (int j = 0; j < NB; ++j) {
-      unsigned b[4];
-      ldmatrix_x4(b, b_row + j * 8 * XP + p * 32);
-      mma_16816(acc[j], a[0], b[0], b[1]);
-      mma_16816(acc[j], a[1], b[2], b[3]);
+      for (int j = 0; j < NB; ++j) {
+        unsigned b[4];
+        ldmatrix_x4(b, b_row + j * 8 * XP + (p0 + q) * 32);
+        mma_16816(acc[j], a[0], b[0], b[1]);
+        mma_16816(acc[j], a[1], b[2], b[3]);
+      }
+      cur[0] = nxt[0], cur[1] = nxt[1];
     }
-    cur[0] = nxt[0], cur[1] = nxt[1];
+    p0 += seg;
+    if (p0 < pairs) {
+      __syncwarp();  // every lane is done with the buffer
+      seg = stage(p0, va);
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      __syncwarp();
+    }
   }
 
   // C fragment: rows g, g + 8; tokens 2t, 2t + 1 of each n8 block
