@@ -2,40 +2,43 @@
 // bitmap tiles (SpInfer's idea), linear layout with the fused epilogue:
 //   out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // csr_tc expanded each tile densely through shared memory (10x its bytes at 90%: LOG, "csr_tc
-// v1b"); here each lane builds its own mma.m16n8k16 A fragment straight from the tile's bitmap:
-// a 16 x 16 tile is four 8 x 8 sub-tiles in fragment order (a0a1, a2a3, a4a5, a6a7), and lane l
-// owns bits 2l and 2l + 1 of each sub-tile's 64-bit map, so its value sits at the tile's base +
-// the sub-tile's offset + the popcount of the bits below 2l. A tile costs ~60 instructions at any
-// density and NT / 8 mma; the weight streams as 48-byte tile records and its values, once.
-// Records (kernels/_bitmap_tiles.py), 12 words: the low words of sub-tile s's map in word s, the
-// high in 4 + s; word 8 the tile's first value; word 9 byte s: the values of sub-tiles before s;
-// word 10 byte s: the set bits in the low word of sub-tile s's map.
+// v1b"); here each lane builds its own mma.m16n8k16 A fragment: a 16 x 16 tile is four 8 x 8
+// sub-tiles in fragment order (a0a1, a2a3, a4a5, a6a7), and lane l holds the pair of columns
+// (2 (l % 4), + 1) of row l / 4 in each. Bit l of a sub-tile's 32-bit map says that pair holds a
+// nonzero; the nonempty pairs' words (both halves, a zero where one is missing) lie in lane
+// order, so lane l's word is the sub-tile's start + the popcount of the map below bit l: a tile
+// costs ~30 instructions at any density and NT / 8 mma.
+// Records (kernels/_bitmap_tiles.py), 8 words a tile: the four maps, then the four sub-tiles'
+// first words (indices into `words`).
 // A CTA owns WARPS row tiles of 16 (grid x), one slice of K of 32 * KP columns (grid y) and NT
 // tokens (grid z); x's slice is staged once in shared memory (cp.async) for its warps, and each
-// warp copies its row tile's records and values for the slice into its own part of shared memory
-// first (cp.async, under x's staging; in segments of pairs whose values fit VW halves), so the
-// decode's loads wait on shared memory, not on a DRAM round trip per pair (v1). With more
-// than one slice, fp32 partials go to `ws` and the last CTA of a row block (an arrival counter,
-// left at zero again) sums them in slice order and applies the epilogue.
+// warp copies its row tile's records and words for the slice into its own part of shared memory
+// first (cp.async, under x's staging; in segments of pairs of tiles whose words fit VW), so the
+// decode waits on shared memory, not on a DRAM round trip per pair (v1). With more than one
+// slice, fp32 partials go to `ws` and the last CTA of a row block (an arrival counter, left at
+// zero again) sums them in slice order and applies the epilogue.
 //   SPARTUNE_BF16  0: fp16 weight and x, 1: bf16
 //   NT             tokens per CTA: 8, 16 or 32
 //   WARPS          warps (row tiles) per CTA
 //   KP             pairs of 16-column tiles per slice
-//   VW             halves of values each warp's buffer holds (a pair's 512 at most fit)
+//   RPW            row tiles each warp takes in turn (the next one's copy in flight under this one's)
+//   VW             words each warp's buffer holds (a pair's 256 at most fit)
 #include "epilogue.cuh"
 
-#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KP) || !defined(VW)
-#error "spmm_csr_bitmap.cu needs SPARTUNE_BF16, NT, WARPS, KP and VW"
+#if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KP) || !defined(VW) || !defined(RPW)
+#error "spmm_csr_bitmap.cu needs SPARTUNE_BF16, NT, WARPS, KP, VW and RPW"
 #endif
 
 constexpr int KS = 32 * KP;  // columns of K per slice
 constexpr int XP = KS + 8;   // halves per staged token row (16-byte pad: ldmatrix without conflicts)
 constexpr int NB = NT / 8;   // n8 blocks of tokens
 constexpr int THREADS = WARPS * 32;
-constexpr int REC_BYTES = KP * 96;             // a warp's records of one slice
-constexpr int WARP_BYTES = REC_BYTES + VW * 2;  // and its values
+constexpr int REC_BYTES = KP * 64;             // a warp's records of one slice
+constexpr int BUF_BYTES = REC_BYTES + VW * 4;   // and its words
+constexpr int WARP_BYTES = BUF_BYTES * (RPW > 1 ? 2 : 1);  // one buffer, or two taking turns
+constexpr int RB = WARPS * RPW;                  // row tiles per CTA
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
-static_assert(VW % 8 == 0 && VW >= 520, "VW must hold a pair of dense tiles and its alignment");
+static_assert(VW % 4 == 0 && VW >= 260, "VW must hold a pair of dense tiles and its alignment");
 
 #if SPARTUNE_BF16
 #define SPARTUNE_MMA_TYPES "f32.bf16.bf16.f32"
@@ -66,48 +69,32 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
                : "memory");
 }
 
-// A lane's share of a tile record: the words of the four maps that hold its bits (low words for
-// lanes 0-15, high for 16-31), then the tile's header.
+// A tile's record: its four maps and its sub-tiles' first words.
 struct Tile {
-  uint4 maps, head;
+  uint4 maps, starts;
 };
 
-// rec: this lane's map words of the tile (its record + hi); head: 2 - hi past them
-__device__ __forceinline__ Tile load_tile(const uint4* rec, int head) {
-  return Tile{rec[0], rec[head]};
-}
+__device__ __forceinline__ Tile load_tile(const uint4* rec) { return Tile{rec[0], rec[1]}; }
 
-// This lane's A fragment of a tile: sh = 2 * lane % 32, hi = lane >= 16, below = the mask of the
-// bits below its own in its words. Both values at the lane's place are loaded whatever its bits
-// (the values carry two halves of padding past the last) and its bits pick what the fragment
-// keeps with one byte permutation: selector 0x2222 (none), 0x2210 (first), 0x1022 (second), 0x5410.
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned selector) {
-  unsigned r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
-  return r;
-}
-
-// vals: the warp's staged values, the first at index va of the weight's.
-__device__ __forceinline__ void decode(const Tile& t, const unsigned short* vals, int va, unsigned (&a)[4], int sh,
-                                       bool hi, unsigned below) {
+// This lane's A fragment of a tile; words: the warp's staged words, the first at index wa of the
+// weight's; bit = 1 << lane, below = bit - 1.
+__device__ __forceinline__ void decode(const Tile& t, const unsigned* words, int wa, unsigned (&a)[4], unsigned bit,
+                                       unsigned below) {
   const unsigned maps[4] = {t.maps.x, t.maps.y, t.maps.z, t.maps.w};
-  const unsigned before = t.head.y + (hi ? t.head.z : 0u);  // byte s: values before this lane's word of s
+  const unsigned starts[4] = {t.starts.x, t.starts.y, t.starts.z, t.starts.w};
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-    const unsigned word = maps[s];
-    const unsigned i = t.head.x - va + prmt(before, 0u, 0x4440u + s) + __popc(word & below);
-    const unsigned u0 = vals[i], u1 = vals[i + 1];
-    const unsigned two = (word >> sh) & 3u;
-    a[s] = prmt(u0, u1, prmt(0x22102222u, 0x54101022u, two * 0x22u + 0x10u));
+    const unsigned i = starts[s] - wa + __popc(maps[s] & below);
+    a[s] = maps[s] & bit ? words[i] : 0u;
   }
 }
 
-// records: (row_tiles, k_tiles) tiles of 3 uint4, k_tiles even, then a pair of padding; tile_base: (row_tiles * k_tiles + 1)
-// first values, then nnz. x (N, K) at strides (sxn, sxk); x_vec: rows contiguous, sxn a multiple of
+// records: (row_tiles, k_tiles) tiles of 2 uint4, k_tiles even, then a pair of padding; tile_base:
+// (row_tiles * k_tiles + 1) first words, then their count. x (N, K) at strides (sxn, sxk); x_vec: rows contiguous, sxn a multiple of
 // 8 and x 16-byte aligned (cp.async). ws: fp32 partials (token tiles, slices, row_tiles * 16, NT)
 // when slices > 1; counters: one per (row block, token tile), zero between calls.
 extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
-    const uint4* __restrict__ records, const unsigned short* __restrict__ vals, const int* __restrict__ tile_base,
+    const uint4* __restrict__ records, const unsigned* __restrict__ words, const int* __restrict__ tile_base,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual, float* __restrict__ ws,
     int* __restrict__ counters, int M, int N, int K, int row_tiles, int k_tiles, int slices, long long sxn,
     long long sxk, int x_vec, int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act,
@@ -117,28 +104,28 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int s = blockIdx.y, k0 = s * KS, n0 = blockIdx.z * NT;
-  const int rt = blockIdx.x * WARPS + warp;
-  const int kt0 = s * 2 * KP, pairs = rt < row_tiles ? (min(2 * KP, k_tiles - kt0)) / 2 : 0;
-
-  const long long t0 = static_cast<long long>(rt) * k_tiles + kt0;
+  const int kt0 = s * 2 * KP, slice_pairs = min(2 * KP, k_tiles - kt0) / 2;
   char* wbuf = reinterpret_cast<char*>(xs + NT * XP) + warp * WARP_BYTES;
-  uint4* rec_s = reinterpret_cast<uint4*>(wbuf);
-  unsigned short* val_s = reinterpret_cast<unsigned short*>(wbuf + REC_BYTES);
 
-  // Copy pairs [p0, p0 + seg) of the warp's row tile into its buffer, seg as many as fit VW halves
-  // (values from va, rounded down to 16 bytes); returns seg.
-  auto stage = [&](int p0, int& va) {
-    va = tile_base[t0 + 2 * p0] & ~7;
-    const int end = tile_base[t0 + 2 * min(p0 + lane + 1, pairs)];  // lane j: the end of pair p0 + j
-    const int seg = min(max(__popc(__ballot_sync(0xffffffffu, end - va <= VW)), 1), pairs - p0);
-    const int vb = __shfl_sync(0xffffffffu, end, seg - 1);
-    const uint4* rg = records + (t0 + 2 * p0) * 3;
-    for (int v = lane; v < seg * 6; v += 32) cp_async16(rec_s + v, rg + v, 16);
-    const uint4* vg = reinterpret_cast<const uint4*>(vals + va);
-    for (int v = lane; v < (vb - va + 7) / 8; v += 32) cp_async16(reinterpret_cast<uint4*>(val_s) + v, vg + v, 16);
+  // Copy pairs [p0, p0 + seg) of row tile rt's slice into buffer b, seg as many as fit VW words
+  // (from wa, rounded down to 16 bytes); returns seg.
+  auto stage = [&](int rt, int p0, int b, int& wa) {
+    const long long t0 = static_cast<long long>(rt) * k_tiles + kt0;
+    uint4* rec_s = reinterpret_cast<uint4*>(wbuf + b * BUF_BYTES);
+    unsigned* word_s = reinterpret_cast<unsigned*>(wbuf + b * BUF_BYTES + REC_BYTES);
+    wa = tile_base[t0 + 2 * p0] & ~3;
+    const int end = tile_base[t0 + 2 * min(p0 + lane + 1, slice_pairs)];  // lane j: the end of pair p0 + j
+    const int seg = min(max(__popc(__ballot_sync(0xffffffffu, end - wa <= VW)), 1), slice_pairs - p0);
+    const int wb = __shfl_sync(0xffffffffu, end, seg - 1);
+    const uint4* rg = records + (t0 + 2 * p0) * 2;
+    for (int v = lane; v < seg * 4; v += 32) cp_async16(rec_s + v, rg + v, 16);
+    const uint4* wg = reinterpret_cast<const uint4*>(words + wa);
+    for (int v = lane; v < (wb - wa + 3) / 4; v += 32) cp_async16(reinterpret_cast<uint4*>(word_s) + v, wg + v, 16);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
     return seg;
   };
-  int va = 0, seg = pairs > 0 ? stage(0, va) : 0;
+  const int rt0 = blockIdx.x * RB + warp;  // the warp's row tiles: rt0, rt0 + WARPS, ...
+  int wa = 0, seg = rt0 < row_tiles && slice_pairs > 0 ? stage(rt0, 0, 0, wa) : 0;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as NT rows of KS halves (zeros past N and K)
   if (x_vec) {
@@ -158,54 +145,61 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
 
-  const bool hi = lane >= 16;
-  const int head = 2 - hi;  // a tile's header, in uint4 past this lane's map words
-  const int sh = 2 * lane % 32;
-  const unsigned below = (1u << sh) - 1u;
+  const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
+  const int g = lane / 4, tq = lane % 4;
+  const long long tile_rows = static_cast<long long>(row_tiles) * 16;
+  const long long base = static_cast<long long>(blockIdx.z) * slices * tile_rows;
+  const unsigned bit = 1u << lane, below = bit - 1u;
   // ldmatrix.x4 addresses: lane l names row l % 8 of matrix l / 8; x (tokens 8 j .. 8 j + 7, the
   // pair's columns): matrices (tile 0 lo, tile 0 hi, tile 1 lo, tile 1 hi)
   const int mi = lane / 8, mr = lane % 8;
   const unsigned short* b_row = xs + mr * XP + (mi >> 1) * 16 + (mi & 1) * 8;
 
-  float acc[NB][4];
+  for (int r = 0; r < RPW; ++r) {
+    const int rt = rt0 + r * WARPS, b = r & 1;
+    if (rt >= row_tiles || slice_pairs == 0) break;  // (warp-uniform)
+    int wa_next = 0, seg_next = 0;
+    if (r + 1 < RPW && rt + WARPS < row_tiles) {  // the next row tile's copy, under this one
+      seg_next = stage(rt + WARPS, 0, b ^ 1, wa_next);
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    }
+    __syncwarp();
+    const uint4* rec_s = reinterpret_cast<const uint4*>(wbuf + b * BUF_BYTES);
+    const unsigned* word_s = reinterpret_cast<const unsigned*>(wbuf + b * BUF_BYTES + REC_BYTES);
+    float acc[NB][4];
 #pragma unroll
-  for (int j = 0; j < NB; ++j)
+    for (int j = 0; j < NB; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-  for (int p0 = 0; p0 < pairs;) {  // segments of staged pairs (one, unless the values overflow VW)
-    const uint4* rec = rec_s + hi;
-    Tile cur[2] = {load_tile(rec, head), load_tile(rec + 3, head)}, nxt[2];
-    for (int q = 0; q < seg; ++q) {
-      rec += 6;  // (a pair past the segment's last reads stale words, never used)
-      nxt[0] = load_tile(rec, head), nxt[1] = load_tile(rec + 3, head);
-      unsigned a[2][4];
-      decode(cur[0], val_s, va, a[0], sh, hi, below);
-      decode(cur[1], val_s, va, a[1], sh, hi, below);
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+    for (int p0 = 0; p0 < slice_pairs;) {  // segments of staged pairs (one, unless the words overflow VW)
+      const uint4* rec = rec_s;
+      Tile cur[2] = {load_tile(rec), load_tile(rec + 2)}, nxt[2];
+      for (int q = 0; q < seg; ++q) {
+        rec += 4;  // (a pair past the segment's last reads stale words, never used)
+        nxt[0] = load_tile(rec), nxt[1] = load_tile(rec + 2);
+        unsigned a[2][4];
+        decode(cur[0], word_s, wa, a[0], bit, below);
+        decode(cur[1], word_s, wa, a[1], bit, below);
 #pragma unroll
-      for (int j = 0; j < NB; ++j) {
-        unsigned b[4];
-        ldmatrix_x4(b, b_row + j * 8 * XP + (p0 + q) * 32);
-        mma_16816(acc[j], a[0], b[0], b[1]);
-        mma_16816(acc[j], a[1], b[2], b[3]);
+        for (int j = 0; j < NB; ++j) {
+          unsigned bf[4];
+          ldmatrix_x4(bf, b_row + j * 8 * XP + (p0 + q) * 32);
+          mma_16816(acc[j], a[0], bf[0], bf[1]);
+          mma_16816(acc[j], a[1], bf[2], bf[3]);
+        }
+        cur[0] = nxt[0], cur[1] = nxt[1];
       }
-      cur[0] = nxt[0], cur[1] = nxt[1];
+      p0 += seg;
+      if (p0 < slice_pairs) {  // the rest of this row tile, in the same buffer
+        __syncwarp();  // every lane is done with it
+        seg = stage(rt, p0, b, wa);
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncwarp();
+      }
     }
-    p0 += seg;
-    if (p0 < pairs) {
-      __syncwarp();  // every lane is done with the buffer
-      seg = stage(p0, va);
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
-      asm volatile("cp.async.wait_all;\n" ::: "memory");
-      __syncwarp();
-    }
-  }
-
-  // C fragment: rows g, g + 8; tokens 2t, 2t + 1 of each n8 block
-  const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
-  const int g = lane / 4, tq = lane % 4;
-  const long long tile_rows = static_cast<long long>(row_tiles) * 16;
-  const long long base = static_cast<long long>(blockIdx.z) * slices * tile_rows;
-  if (rt < row_tiles) {
+    // C fragment: rows g, g + 8; tokens 2t, 2t + 1 of each n8 block
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = rt * 16 + g + 8 * h;
@@ -225,6 +219,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
         for (int j = 0; j < NB; ++j) *reinterpret_cast<float2*>(p + j * 8) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
       }
     }
+    seg = seg_next, wa = wa_next;
+    __syncwarp();  // every lane is done with buffer b before the next turn refills it
   }
   if (slices == 1) return;
 
@@ -236,8 +232,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_bitmap(
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int o = tid; o < WARPS * 16 * NT; o += THREADS) {
-    const int m = blockIdx.x * WARPS * 16 + o / NT, nl = o % NT;
+  for (int o = tid; o < RB * 16 * NT; o += THREADS) {
+    const int m = blockIdx.x * RB * 16 + o / NT, nl = o % NT;
     if (m >= M || n0 + nl >= N) continue;
     const float* p = ws + (base + m) * NT + nl;
     float sum = 0.f;
