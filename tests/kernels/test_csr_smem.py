@@ -302,3 +302,21 @@ def test_space_cuts_k_evenly_where_its_widths_leave_a_short_last_slice(Kd):
             assert -(-Kd // even) == slices and even * slices - Kd < 32 * slices
     extra = widths - set(K.K_SLICES)
     assert sorted(extra) == {11008: [1856, 3680, 5504], 13824: [992, 1984, 3456, 6912], 4096: [], 3000: [1504]}[Kd]
+
+
+def test_fp16_sums_in_half_pairs_only_where_torch_allows_reduced_precision():
+    """HALF_SUMS follows torch's fp16 reduced-precision-reduction flag, and never applies to bf16;
+    the model prices the lighter loop."""
+    flag = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    cfg = K.Config(8, 1024, 8)
+    prob = Problem("linear", "csr", 256, 1024, 8, "float16", st.CSR.from_dense(torch.eye(256, 1024)).stats())
+    try:
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+        assert dict(K._instance(cfg, torch.float16).defines).get("HALF_SUMS") == 1
+        assert "HALF_SUMS" not in dict(K._instance(cfg, torch.bfloat16).defines)
+        light = K.features(prob, cfg).fma_flops
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        assert "HALF_SUMS" not in dict(K._instance(cfg, torch.float16).defines)
+        assert light == pytest.approx(K.HALF_SUMS_ISSUE * K.features(prob, cfg).fma_flops)
+    finally:
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flag
