@@ -62,10 +62,11 @@ WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
 # tokens a lane (tpl = 16) ~2.0 (SASS of the main loop: 469 instructions per 12 words x 16 tokens
 # against 301 per 12 x 8)
 ISSUE_PER_FMA = {8: 2.4, 16: 2.0}
-# fp16 with reduced-precision reductions allowed (torch's default, `half_sums`): a chunk's products
-# summed in fp16 pairs, no conversion per product: the main loop's SASS 0.62x (tpl 8) and 0.59x
-# (tpl 16) the instructions
+# fp16 with reduced-precision reductions allowed (torch's default) and 16 or more tokens a CTA
+# (`half_sums`): a chunk's products summed in fp16 pairs, no conversion per product: the main loop's
+# SASS 0.62x (tpl 8) and 0.59x (tpl 16) the instructions
 HALF_SUMS_ISSUE = 0.6
+HALF_SUMS_MIN_TOKENS = 16
 # 16 tokens a lane pays where the arithmetic outweighs x's staging: each SM's share of the
 # nonzeros per column of K at least this many (70B up, 21.7: 2.64x against 2.49 at N = 16); at
 # 3-8 (qkv, 7B up and down) it measured 0-10% slower and the model could not tell (LOG, v12)
@@ -214,7 +215,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         tiles=programs,
         mma_flops=0.0,
         fma_flops=2.0 * groups * R * slices * slots * config.nt * tiles_n * ISSUE_PER_FMA[config.tpl]
-        * (HALF_SUMS_ISSUE if half_sums(getattr(torch, problem.dtype)) else 1.0),
+        * (HALF_SUMS_ISSUE if half_sums(config, getattr(torch, problem.dtype)) else 1.0),
         dram_bytes=word_bytes + x_bytes + y_bytes,
         l2_bytes=word_bytes * tiles_n + staged + y_bytes,
         steps_max=int(steps) + 1,
@@ -250,26 +251,29 @@ _kernels: dict[tuple, object] = {}
 
 
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
-    key = (config, dtype, device.index, half_sums(dtype))
+    key = (config, dtype, device.index, half_sums(config, dtype))
     kernel = _kernels.get(key)
     if kernel is None:
         kernel = _kernels[key] = cuda.load(_instance(config, dtype), device)
     return kernel
 
 
-def half_sums(dtype: torch.dtype) -> bool:
+def half_sums(config: Config, dtype: torch.dtype) -> bool:
     """Whether fp16 products are summed in fp16 pairs, 4 nonzeros at a time, before the fp32 sums:
     where torch allows reduced-precision reductions in fp16 matmuls
     (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default; cuBLAS
-    then sums split-K partials in fp16). ~1e-3 relative error against ~5e-4 for fp32 sums."""
-    return dtype == torch.float16 and torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    then sums split-K partials in fp16), at 16 tokens a CTA or more. There the loop's issue binds
+    and the lighter loop won 4-10%; at 8 tokens the stream binds and its longer chains lost 1-3%
+    (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums."""
+    return (dtype == torch.float16 and config.nt >= HALF_SUMS_MIN_TOKENS
+            and torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
 
 
 def _instance(config: Config, dtype: torch.dtype):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
         "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
-        **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half_sums(dtype) else {})},
+        **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half_sums(config, dtype) else {})},
         arch_specific=config.ck > 1)
 
 
