@@ -1,6 +1,8 @@
 """The CSR decode family on CUDA cores (x in shared memory) on the GPU: every config, odd
 shapes, empty rows, a full row, every epilogue, strided operands, split K, CUDA graphs and
 spartune.linear, against the float64 reference; every output element written."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -214,8 +216,9 @@ def test_fp16_sums_in_half_pairs_and_in_fp32(N, tpl):
     w, A = random_csr(600, 4096, 0.2, torch.float16, N)
     x = torch.randn(N, 4096, device="cuda", dtype=torch.float16)
     ref = reference(x, w)
-    cfgs = [c for c in configs(A, N) if c.tpl == tpl and c.ck == 1][:6]
-    assert cfgs
+    tiled = [dataclasses.replace(c, tpl=tpl) for c in configs(A, N) if c.ck == 1 and c.tpl == 8]
+    cfgs = [c for c in tiled if K._smem_bytes(c) <= K.SMEM_LIMIT][::7][:6]  # (tpl 16 off the gate here)
+    assert len(cfgs) == 6
     try:
         for cfg in cfgs:
             errs = []
