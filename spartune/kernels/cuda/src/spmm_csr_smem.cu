@@ -356,6 +356,16 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   extern __shared__ uint4 xs[];  // NB planes of PS rows of 8 tokens (16 bytes); the KW sums (KW > 1);
                                  // the slice's sums for the cluster (CK > 1)
   __shared__ int is_last;
+#ifdef SPARTUNE_CTA_TIMES  // (probe: each CTA's start, staged and end times by printf)
+  unsigned long long t_start, t_staged = 0, t_now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_start));
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+#define CTA_TIME(label) do { __syncthreads(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_now)); \
+  if (threadIdx.x == 0) printf("cta %d %d %d %u %llu %llu %llu\n", blockIdx.x, blockIdx.y, label, smid, t_start, t_staged, t_now); } while (0)
+#else
+#define CTA_TIME(label) do {} while (0)
+#endif
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
   const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which TPL tokens
@@ -399,6 +409,9 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     }
   }
   __syncthreads();
+#ifdef SPARTUNE_CTA_TIMES
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_staged));
+#endif
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
@@ -464,8 +477,10 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
                  [&](int, int v, int j) { return spartune::load_peer_f4(red4 + v, j); });
   __syncwarp();  // (the loop's lanes may have left it apart: the barrier is .aligned)
   spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
+  CTA_TIME(3);
   return;
 #endif
+  CTA_TIME(1);
   if (slices == 1) return;
 
   // split K: the last CTA of this row block and token tile sums the slices' partials, every thread
@@ -482,4 +497,5 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     return __ldcg(ws4 + j * slice_vectors + team_row * (NT / 4) + v % (NT / 4));
   });
   if (tid == 0) *counter = 0;
+  CTA_TIME(2);
 }
