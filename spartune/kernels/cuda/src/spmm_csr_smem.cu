@@ -36,6 +36,7 @@
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
 //   HALF_SUMS      1 (fp16 only): each chunk's products summed in fp16 pairs before the fp32 sums
+//   X_PREFETCH     1 (default): x's slice prefetched into L2 before anything else is loaded
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -55,6 +56,9 @@
 #endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
+#endif
+#ifndef X_PREFETCH
+#define X_PREFETCH 1
 #endif
 #if HALF_SUMS && SPARTUNE_BF16
 #error "HALF_SUMS is for fp16 only"
@@ -374,6 +378,17 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const int g0 = grid_warp_row(wg) * GPW;  // the warp's first group
   const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
+#if X_PREFETCH
+  // x's slice asked of L2 first: every CTA stages the same slice, and a cold x would otherwise wait
+  // at DRAM behind the offsets' round trip and the stream's first loads (4 of a 12 us CTA's life
+  // went to staging at 7B N = 8: LOG, session 24)
+  if (x_rows) {
+    constexpr int LINE = 64;  // halves in a 128-byte line
+    const int cols = min(KS, K - k0), lines = (cols + LINE - 1) / LINE, tokens = min(NT, N - n0);
+    for (int i = tid; i < tokens * lines; i += THREADS)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(x + (n0 + i / lines) * sxn + k0 + i % lines * LINE));
+  }
+#endif
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
   // of this warp's stream; the first three loads fly while x is staged
   int start = 0;
