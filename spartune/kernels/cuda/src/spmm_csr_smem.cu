@@ -36,7 +36,6 @@
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
 //   HALF_SUMS      1 (fp16 only): each chunk's products summed in fp16 pairs before the fp32 sums
-//   X_PREFETCH     1 (default): x's slice prefetched into L2 before anything else is loaded
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -56,9 +55,6 @@
 #endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
-#endif
-#ifndef X_PREFETCH
-#define X_PREFETCH 1
 #endif
 #if HALF_SUMS && SPARTUNE_BF16
 #error "HALF_SUMS is for fp16 only"
@@ -360,16 +356,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   extern __shared__ uint4 xs[];  // NB planes of PS rows of 8 tokens (16 bytes); the KW sums (KW > 1);
                                  // the slice's sums for the cluster (CK > 1)
   __shared__ int is_last;
-#ifdef SPARTUNE_CTA_TIMES  // (probe: each CTA's start, staged and end times by printf)
-  unsigned long long t_start, t_staged = 0, t_now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_start));
-  unsigned smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-#define CTA_TIME(label) do { __syncthreads(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_now)); \
-  if (threadIdx.x == 0) printf("cta %d %d %d %u %llu %llu %llu\n", blockIdx.x, blockIdx.y, label, smid, t_start, t_staged, t_now); } while (0)
-#else
-#define CTA_TIME(label) do {} while (0)
-#endif
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
   const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which TPL tokens
@@ -378,17 +364,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const int g0 = grid_warp_row(wg) * GPW;  // the warp's first group
   const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
-#if X_PREFETCH
-  // x's slice asked of L2 first: every CTA stages the same slice, and a cold x would otherwise wait
-  // at DRAM behind the offsets' round trip and the stream's first loads (4 of a 12 us CTA's life
-  // went to staging at 7B N = 8: LOG, session 24)
-  if (x_rows) {
-    constexpr int LINE = 64;  // halves in a 128-byte line
-    const int cols = min(KS, K - k0), lines = (cols + LINE - 1) / LINE, tokens = min(NT, N - n0);
-    for (int i = tid; i < tokens * lines; i += THREADS)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(x + (n0 + i / lines) * sxn + k0 + i % lines * LINE));
-  }
-#endif
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
   // of this warp's stream; the first three loads fly while x is staged
   int start = 0;
@@ -424,9 +399,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     }
   }
   __syncthreads();
-#ifdef SPARTUNE_CTA_TIMES
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_staged));
-#endif
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
@@ -492,10 +464,8 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
                  [&](int, int v, int j) { return spartune::load_peer_f4(red4 + v, j); });
   __syncwarp();  // (the loop's lanes may have left it apart: the barrier is .aligned)
   spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
-  CTA_TIME(3);
   return;
 #endif
-  CTA_TIME(1);
   if (slices == 1) return;
 
   // split K: the last CTA of this row block and token tile sums the slices' partials, every thread
@@ -512,5 +482,4 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     return __ldcg(ws4 + j * slice_vectors + team_row * (NT / 4) + v % (NT / 4));
   });
   if (tid == 0) *counter = 0;
-  CTA_TIME(2);
 }
