@@ -1,4 +1,6 @@
 """Shared test helpers: random sparse weights with the structure of each pattern."""
+import contextlib
+
 import torch
 
 import spartune as st
@@ -95,3 +97,20 @@ def capture(fn):
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         fn()
     return graph
+
+
+@contextlib.contextmanager
+def fp16_reduced_precision(allowed: bool):
+    """torch's fp16 reduced-precision-reduction flag set for a block, then restored whole (the
+    public setter would reset its split-K half)."""
+    get, set_ = (getattr(torch._C, f"_{op}_cublas_allow_fp16_reduced_precision_reduction", None)
+                 for op in ("get", "set"))
+    saved = get() if get else torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = allowed
+    try:
+        yield
+    finally:
+        if get and set_:
+            set_(*saved) if isinstance(saved, tuple) else set_(saved)
+        else:
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = saved

@@ -251,10 +251,11 @@ _kernels: dict[tuple, object] = {}
 
 
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
-    key = (config, dtype, device.index, half_sums(config, dtype))
+    half = half_sums(config, dtype)  # (read once: the key and the instance must agree)
+    key = (config, dtype, device.index, half)
     kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _kernels[key] = cuda.load(_instance(config, dtype), device)
+        kernel = _kernels[key] = cuda.load(_instance(config, dtype, half), device)
     return kernel
 
 
@@ -262,18 +263,21 @@ def half_sums(config: Config, dtype: torch.dtype) -> bool:
     """Whether fp16 products are summed in fp16 pairs, 4 nonzeros at a time, before the fp32 sums:
     where torch allows reduced-precision reductions in fp16 matmuls
     (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default; cuBLAS
-    then sums split-K partials in fp16), at 16 tokens a CTA or more. There the loop's issue binds
-    and the lighter loop won 4-10%; at 8 tokens the stream binds and its longer chains lost 1-3%
-    (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums."""
+    then sums split-K partials in fp16), at 16 tokens a CTA or more (N >= 9). There the loop's
+    issue binds and the lighter loop won 4-10%; at 8 tokens the stream binds and its longer chains
+    lost 1-3% (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums; a 4-product
+    partial past 65504 overflows where fp32 sums would not. The tuning DB's key does not hold the
+    flag: a choice tuned with it serves without it (the other kernel, compiled on first use)."""
     return (dtype == torch.float16 and config.nt >= HALF_SUMS_MIN_TOKENS
             and torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
 
 
-def _instance(config: Config, dtype: torch.dtype):
+def _instance(config: Config, dtype: torch.dtype, half: bool | None = None):
+    half = half_sums(config, dtype) if half is None else half
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
         "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
-        **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half_sums(config, dtype) else {})},
+        **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half else {})},
         arch_specific=config.ck > 1)
 
 

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+import helpers
 import spartune as st
 from spartune.kernels import registry, spmm_csr_smem as K
 from spartune.formats._base import stats_from_counts
@@ -307,17 +308,13 @@ def test_space_cuts_k_evenly_where_its_widths_leave_a_short_last_slice(Kd):
 def test_fp16_sums_in_half_pairs_only_where_torch_allows_reduced_precision():
     """HALF_SUMS follows torch's fp16 reduced-precision-reduction flag from 16 tokens a CTA, and
     never applies to bf16; the model prices the lighter loop."""
-    flag = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
     cfg = K.Config(16, 1024, 8)
     prob = Problem("linear", "csr", 256, 1024, 16, "float16", st.CSR.from_dense(torch.eye(256, 1024)).stats())
-    try:
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+    with helpers.fp16_reduced_precision(True):
         assert dict(K._instance(cfg, torch.float16).defines).get("HALF_SUMS") == 1
         assert "HALF_SUMS" not in dict(K._instance(K.Config(8, 1024, 8), torch.float16).defines)
         assert "HALF_SUMS" not in dict(K._instance(cfg, torch.bfloat16).defines)
         light = K.features(prob, cfg).fma_flops
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    with helpers.fp16_reduced_precision(False):
         assert "HALF_SUMS" not in dict(K._instance(cfg, torch.float16).defines)
         assert light == pytest.approx(K.HALF_SUMS_ISSUE * K.features(prob, cfg).fma_flops)
-    finally:
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flag
