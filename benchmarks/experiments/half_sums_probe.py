@@ -26,6 +26,8 @@ CASES = [  # (shape, M, K, N, density, the tuned pick of session 24's first run)
     ("7b-up", 11008, 4096, 16, 0.2, C(16, 4096, 24, 1, 1, 8, 1, 16)),
     ("7b-down", 4096, 11008, 16, 0.2, C(16, 5504, 32, 1, 1, 8, 2)),
     ("qkv", 4096, 4096, 16, 0.2, C(16, 4096, 32, 1, 1, 16)),
+    ("qkv", 4096, 4096, 16, 0.1, C(16, 4096, 16, 1, 1, 8)),
+    ("70b-up", 28672, 8192, 16, 0.1, C(16, 4096, 28, 2, 1, 4, 2, 16)),
 ]
 dtype = getattr(torch, os.environ.get("DTYPE", "float16"))
 flag = "allow_fp16_reduced_precision_reduction" if dtype == torch.float16 else "allow_bf16_reduced_precision_reduction"
