@@ -100,17 +100,17 @@ def capture(fn):
 
 
 @contextlib.contextmanager
-def reduced_precision(allowed: bool, dtype: str = "fp16"):
-    """torch's reduced-precision-reduction flag of `dtype` ("fp16" or "bf16") set for a block, then
-    restored whole (the public setter would reset its split-K half)."""
-    name = f"allow_{dtype}_reduced_precision_reduction"
-    get, set_ = (getattr(torch._C, f"_{op}_cublas_{name}", None) for op in ("get", "set"))
-    saved = get() if get else getattr(torch.backends.cuda.matmul, name)
-    setattr(torch.backends.cuda.matmul, name, allowed)
+def fp16_reduced_precision(allowed: bool):
+    """torch's fp16 reduced-precision-reduction flag set for a block, then restored whole (the
+    public setter would reset its split-K half)."""
+    get, set_ = (getattr(torch._C, f"_{op}_cublas_allow_fp16_reduced_precision_reduction", None)
+                 for op in ("get", "set"))
+    saved = get() if get else torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = allowed
     try:
         yield
     finally:
         if get and set_:
             set_(*saved) if isinstance(saved, tuple) else set_(saved)
         else:
-            setattr(torch.backends.cuda.matmul, name, saved)
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = saved

@@ -62,9 +62,9 @@ WIDE_N, WIDE_MAX_DENSITY = 64, 0.06
 # tokens a lane (tpl = 16) ~2.0 (SASS of the main loop: 469 instructions per 12 words x 16 tokens
 # against 301 per 12 x 8)
 ISSUE_PER_FMA = {8: 2.4, 16: 2.0}
-# reduced-precision reductions allowed (torch's default) and 16 or more tokens a CTA (`half_sums`):
-# a chunk's products summed in 16-bit pairs, no conversion per product: the main loop's SASS 0.62x
-# (fp16, tpl 8) and 0.59x (fp16, tpl 16; bf16 0.63x) the instructions
+# fp16 with reduced-precision reductions allowed (torch's default) and 16 or more tokens a CTA
+# (`half_sums`): a chunk's products summed in fp16 pairs, no conversion per product: the main loop's
+# SASS 0.62x (tpl 8) and 0.59x (tpl 16) the instructions
 HALF_SUMS_ISSUE = 0.6
 HALF_SUMS_MIN_TOKENS = 16
 # 16 tokens a lane pays where the arithmetic outweighs x's staging: each SM's share of the
@@ -260,19 +260,16 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
 
 
 def half_sums(config: Config, dtype: torch.dtype) -> bool:
-    """Whether products are summed in 16-bit pairs (the weight's dtype), 4 nonzeros at a time,
-    before the fp32 sums: where torch allows reduced-precision reductions in that dtype's matmuls
-    (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction` / `..._bf16_...`, both on
-    by default; cuBLAS then sums split-K partials in 16 bits), at 16 tokens a CTA or more (N >= 9).
-    There the loop's issue binds and the lighter loop won 4-10%; at 8 tokens the stream binds and
-    its longer chains lost 1-3% (LOG, session 24). Relative error against fp32 sums: fp16 ~4e-4
-    against ~2e-4, bf16 ~3e-3 against ~2e-3; a 4-product fp16 partial past 65504 overflows where
-    fp32 sums would not. The tuning DB's key does not hold the flags: a choice tuned with them
-    serves without them (the other kernel, compiled on first use)."""
-    matmul = torch.backends.cuda.matmul
-    allowed = {torch.float16: matmul.allow_fp16_reduced_precision_reduction,
-               torch.bfloat16: matmul.allow_bf16_reduced_precision_reduction}.get(dtype, False)
-    return bool(allowed) and config.nt >= HALF_SUMS_MIN_TOKENS
+    """Whether fp16 products are summed in fp16 pairs, 4 nonzeros at a time, before the fp32 sums:
+    where torch allows reduced-precision reductions in fp16 matmuls
+    (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default; cuBLAS
+    then sums split-K partials in fp16), at 16 tokens a CTA or more (N >= 9). There the loop's
+    issue binds and the lighter loop won 4-10%; at 8 tokens the stream binds and its longer chains
+    lost 1-3% (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums; a 4-product
+    partial past 65504 overflows where fp32 sums would not. The tuning DB's key does not hold the
+    flag: a choice tuned with it serves without it (the other kernel, compiled on first use)."""
+    return (dtype == torch.float16 and config.nt >= HALF_SUMS_MIN_TOKENS
+            and torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
 
 
 def _instance(config: Config, dtype: torch.dtype, half: bool | None = None):

@@ -305,18 +305,16 @@ def test_space_cuts_k_evenly_where_its_widths_leave_a_short_last_slice(Kd):
     assert sorted(extra) == {11008: [1856, 3680, 5504], 13824: [992, 1984, 3456, 6912], 4096: [], 3000: [1504]}[Kd]
 
 
-@pytest.mark.parametrize("dtype, flag", [(torch.float16, "fp16"), (torch.bfloat16, "bf16")])
-def test_sums_in_16_bit_pairs_only_where_torch_allows_reduced_precision(dtype, flag):
-    """HALF_SUMS follows torch's reduced-precision-reduction flag of the weight's dtype from 16
-    tokens a CTA; the model prices the lighter loop."""
-    other = "bf16" if flag == "fp16" else "fp16"
+def test_fp16_sums_in_half_pairs_only_where_torch_allows_reduced_precision():
+    """HALF_SUMS follows torch's fp16 reduced-precision-reduction flag from 16 tokens a CTA, and
+    never applies to bf16; the model prices the lighter loop."""
     cfg = K.Config(16, 1024, 8)
-    name = str(dtype).split(".")[1]
-    prob = Problem("linear", "csr", 256, 1024, 16, name, st.CSR.from_dense(torch.eye(256, 1024)).stats())
-    with helpers.reduced_precision(True, flag), helpers.reduced_precision(False, other):
-        assert dict(K._instance(cfg, dtype).defines).get("HALF_SUMS") == 1
-        assert "HALF_SUMS" not in dict(K._instance(K.Config(8, 1024, 8), dtype).defines)
+    prob = Problem("linear", "csr", 256, 1024, 16, "float16", st.CSR.from_dense(torch.eye(256, 1024)).stats())
+    with helpers.fp16_reduced_precision(True):
+        assert dict(K._instance(cfg, torch.float16).defines).get("HALF_SUMS") == 1
+        assert "HALF_SUMS" not in dict(K._instance(K.Config(8, 1024, 8), torch.float16).defines)
+        assert "HALF_SUMS" not in dict(K._instance(cfg, torch.bfloat16).defines)
         light = K.features(prob, cfg).fma_flops
-    with helpers.reduced_precision(False, flag), helpers.reduced_precision(True, other):
-        assert "HALF_SUMS" not in dict(K._instance(cfg, dtype).defines)
+    with helpers.fp16_reduced_precision(False):
+        assert "HALF_SUMS" not in dict(K._instance(cfg, torch.float16).defines)
         assert light == pytest.approx(K.HALF_SUMS_ISSUE * K.features(prob, cfg).fma_flops)

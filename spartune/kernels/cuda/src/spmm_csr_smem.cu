@@ -35,7 +35,7 @@
 //                  order. WARPS / KW warp rows, each of GPW groups, per CTA.
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
-//   HALF_SUMS      1: each chunk's products summed in 16-bit pairs (fp16 or bf16) before the fp32 sums
+//   HALF_SUMS      1 (fp16 only): each chunk's products summed in fp16 pairs before the fp32 sums
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -55,6 +55,9 @@
 #endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
+#endif
+#if HALF_SUMS && SPARTUNE_BF16
+#error "HALF_SUMS is for fp16 only"
 #endif
 #if CK > 1
 #include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
@@ -150,24 +153,15 @@ __device__ __forceinline__ void fma_word(float (&acc)[TPL], unsigned word, const
 }
 
 #if HALF_SUMS
-// where torch allows reduced-precision reductions: a chunk's 4 products per token are summed in
-// 16-bit pairs (HFMA2: two products an instruction, no conversions) and added to the fp32 sums
+// fp16 where torch allows reduced-precision reductions: a chunk's 4 products per token are summed
+// in fp16 pairs (HFMA2: two products an instruction, no conversions) and added to the fp32 sums
 // once per chunk, ~1.3 instructions a product against ~2.4 (LOG, csr_smem session 24)
-#if SPARTUNE_BF16
-using pair16 = __nv_bfloat162;
-__device__ __forceinline__ pair16 broadcast16(unsigned short bits) { return __bfloat162bfloat162(__ushort_as_bfloat16(bits)); }
-__device__ __forceinline__ float2 pair16_to_float2(pair16 p) { return __bfloat1622float2(p); }
-#else
-using pair16 = __half2;
-__device__ __forceinline__ pair16 broadcast16(unsigned short bits) { return __half2half2(__ushort_as_half(bits)); }
-__device__ __forceinline__ float2 pair16_to_float2(pair16 p) { return __half22float2(p); }
-#endif
 __device__ __forceinline__ void fma_chunk(float (&acc)[TPL], const uint4& w, const uint4* xs_lane) {
   const unsigned words[4] = {w.x, w.y, w.z, w.w};
-  pair16 part[TPL / 2];
+  __half2 part[TPL / 2];
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const pair16 v = broadcast16(static_cast<unsigned short>(words[u] & 0xffffu));
+    const __half2 v = __half2half2(__ushort_as_half(static_cast<unsigned short>(words[u] & 0xffffu)));
     const uint4* xr = xs_lane + (words[u] >> 16);
 #pragma unroll
     for (int j = 0; j < LP; ++j) {
@@ -175,14 +169,14 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[TPL], const uint4& w, con
       const unsigned pairs[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const pair16 x2 = *reinterpret_cast<const pair16*>(&pairs[i]);
+        const __half2 x2 = *reinterpret_cast<const __half2*>(&pairs[i]);
         part[4 * j + i] = u == 0 ? __hmul2(v, x2) : __hfma2(v, x2, part[4 * j + i]);
       }
     }
   }
 #pragma unroll
   for (int i = 0; i < TPL / 2; ++i) {
-    const float2 f = pair16_to_float2(part[i]);
+    const float2 f = __half22float2(part[i]);
     acc[2 * i] += f.x;
     acc[2 * i + 1] += f.y;
   }
