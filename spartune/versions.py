@@ -31,8 +31,9 @@ def software_versions() -> dict:
 @functools.cache
 def kernel_sources() -> str:
     """A digest of the kernels', backends' and formats' sources (formats/ lays out what a kernel
-    reads). A tuned choice was timed against one build of them, so any change re-tunes: the release number alone stayed 0.1.0 through twenty kernel
-    versions in development, and a stored choice never saw the configs added since."""
+    reads). A tuned choice was timed against one build of them, so any change re-tunes: the release
+    number alone stayed 0.1.0 through twenty kernel versions in development, and a stored choice
+    never saw the configs added since."""
     root = Path(__file__).parent
     digest = hashlib.sha256()
     for path in sorted(p for d in ("kernels", "backends", "formats") for p in (root / d).rglob("*")

@@ -268,8 +268,19 @@ def half_sums(config: Config, dtype: torch.dtype) -> bool:
     lost 1-3% (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums; a 4-product
     partial past 65504 overflows where fp32 sums would not. The tuning DB's key does not hold the
     flag: a choice tuned with it serves without it (the other kernel, compiled on first use)."""
-    return (dtype == torch.float16 and config.nt >= HALF_SUMS_MIN_TOKENS
-            and torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    return config.nt >= HALF_SUMS_MIN_TOKENS and dtype == torch.float16 and _fp16_reduction_allowed()
+
+
+_get_fp16_reduction = getattr(torch._C, "_get_cublas_allow_fp16_reduced_precision_reduction", None)
+
+
+def _fp16_reduction_allowed() -> bool:
+    """torch's flag, read on every launch: its public property costs ~1.4 us of host time a call,
+    the getter behind it ~0.1 (a bool, or (allowed, split-K allowed) in newer torch)."""
+    if _get_fp16_reduction is None:
+        return torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    allowed = _get_fp16_reduction()
+    return bool(allowed[0] if isinstance(allowed, tuple) else allowed)
 
 
 def _instance(config: Config, dtype: torch.dtype, half: bool | None = None):
