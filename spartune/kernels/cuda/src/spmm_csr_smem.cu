@@ -53,6 +53,9 @@
 #ifndef CK
 #define CK 1
 #endif
+#ifndef X_EARLY
+#define X_EARLY 1  // probe (session 25): 0 issues x's first batch after the stream's first loads
+#endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
 #endif
@@ -276,68 +279,72 @@ __device__ __forceinline__ void sum_slices(int slices, int first, int stride, co
 // x[n0 : n0 + NT, k0 : k0 + KS] into shared memory as planes of KS rows of 8 tokens (zeros past N and K)
 // where x's rows are contiguous (Hopper): a warp loads 8 tokens x 32 columns (a unit), a batch of
 // units in flight at once, and `stmatrix.trans` writes each 8 x 8 block's columns as 16-byte rows
-// of 8 tokens at addresses the lanes give. WIDE (rows 16-byte aligned): a lane loads 8 columns of
+// of 8 tokens at addresses the lanes give. Wide (rows 16-byte aligned): a lane loads 8 columns of
 // one token in one 16-byte load, so register i holds pair i of each lane's 8 columns and the
 // lanes' row addresses put each transposed row at its column: a third less staging time than
 // 4-byte pairs, whose 16-byte pieces each fetched a 32-byte sector (LOG, session 20: staging was
 // 40% of qkv at N = 16). Else 4-byte pairs of columns, register j holding block j.
-template <bool WIDE>
-__device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
-                                             long long sxn, int n0, int k0, int warp, int lane) {
-#if __CUDA_ARCH__ >= 900
-  constexpr int UNITS = KS / 32 * NB;  // (32 columns, 8 tokens) per unit
-  constexpr int PER_WARP = (UNITS + WARPS - 1) / WARPS;
-  constexpr int MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
-  constexpr int BATCH = PER_WARP < MAX_BATCH ? PER_WARP : MAX_BATCH;  // units in flight per warp
-  const int r = lane / 4, q = lane % 4;  // token r; WIDE: columns 8q .. 8q + 7, else pairs 2q, 2q + 1
-  // the slice column of the row this lane addresses: row p of matrix i
-  const int i = lane / 8, p = lane % 8;
-  const int col = WIDE ? 8 * (p / 2) + 2 * i + p % 2 : lane;
-  for (int u0 = warp; u0 < UNITS; u0 += WARPS * BATCH) {
-    unsigned v[BATCH][4];
+// The kernel issues the first batch before it waits for the offsets (LOG, session 25).
+constexpr int X_UNITS = KS / 32 * NB;  // (32 columns, 8 tokens) per unit
+constexpr int X_PER_WARP = (X_UNITS + WARPS - 1) / WARPS;
+constexpr int X_MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
+constexpr int X_BATCH = X_PER_WARP < X_MAX_BATCH ? X_PER_WARP : X_MAX_BATCH;  // units in flight per warp
+using XBatch = unsigned[X_BATCH][4];
+
+// units u0, u0 + WARPS, ... (X_BATCH of them) of x into registers
+__device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const unsigned short* __restrict__ x,
+                                             int N, int K, long long sxn, int n0, int k0, int lane) {
+  const int r = lane / 4, q = lane % 4;  // token r; wide: columns 8q .. 8q + 7, else pairs 2q, 2q + 1
 #pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int u = u0 + b * WARPS;
-      const int kb = (u / NB) * 32, tb = u % NB;
-      const int n = n0 + tb * 8 + r;
-      const bool live = u < UNITS && n < N;
-      if (WIDE) {
-        const int k = k0 + kb + 8 * q;
-        const unsigned short* src = x + n * sxn + k;
-        uint4 w = make_uint4(0, 0, 0, 0);
-        if (live && k + 7 < K) {
-          w = *reinterpret_cast<const uint4*>(src);
-        } else if (live && k < K) {  // the K tail
-          unsigned short e[8];
+  for (int b = 0; b < X_BATCH; ++b) {
+    const int u = u0 + b * WARPS;
+    const int kb = (u / NB) * 32, tb = u % NB;
+    const int n = n0 + tb * 8 + r;
+    const bool live = u < X_UNITS && n < N;
+    if (wide) {
+      const int k = k0 + kb + 8 * q;
+      const unsigned short* src = x + n * sxn + k;
+      uint4 w = make_uint4(0, 0, 0, 0);
+      if (live && k + 7 < K) {
+        w = *reinterpret_cast<const uint4*>(src);
+      } else if (live && k < K) {  // the K tail
+        unsigned short e[8];
 #pragma unroll
-          for (int j = 0; j < 8; ++j) e[j] = k + j < K ? src[j] : static_cast<unsigned short>(0);
-          w = pack8(e);
+        for (int j = 0; j < 8; ++j) e[j] = k + j < K ? src[j] : static_cast<unsigned short>(0);
+        w = pack8(e);
+      }
+      v[b][0] = w.x; v[b][1] = w.y; v[b][2] = w.z; v[b][3] = w.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k = k0 + kb + j * 8 + 2 * q;
+        unsigned w = 0;
+        if (live) {
+          const unsigned short* src = x + n * sxn + k;
+          if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(src);
+          else if (k < K) w = *src;
         }
-        v[b][0] = w.x; v[b][1] = w.y; v[b][2] = w.z; v[b][3] = w.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int k = k0 + kb + j * 8 + 2 * q;
-          unsigned w = 0;
-          if (live) {
-            const unsigned short* src = x + n * sxn + k;
-            if (k + 1 < K) w = *reinterpret_cast<const unsigned*>(src);
-            else if (k < K) w = *src;
-          }
-          v[b][j] = w;
-        }
+        v[b][j] = w;
       }
     }
+  }
+}
+
+// the batch's units transposed into the planes
+__device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide, uint4* xs, int lane) {
+#if __CUDA_ARCH__ >= 900
+  // the slice column of the row this lane addresses: row p of matrix i
+  const int i = lane / 8, p = lane % 8;
+  const int col = wide ? 8 * (p / 2) + 2 * i + p % 2 : lane;
 #pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int u = u0 + b * WARPS;
-      if (u >= UNITS) break;  // warp-uniform
-      const int kb = (u / NB) * 32, tb = u % NB;
-      const uint4* row = xs + tb * PS + kb + col;
-      const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
-                   :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
-    }
+  for (int b = 0; b < X_BATCH; ++b) {
+    const int u = u0 + b * WARPS;
+    if (u >= X_UNITS) break;  // warp-uniform
+    const int kb = (u / NB) * 32, tb = u % NB;
+    const uint4* row = xs + tb * PS + kb + col;
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(v[b][0]), "r"(v[b][1]), "r"(v[b][2]), "r"(v[b][3]) : "memory");
   }
 #else
   __trap();  // the host asks for it on Hopper only
@@ -364,6 +371,10 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const int g0 = grid_warp_row(wg) * GPW;  // the warp's first group
   const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
+  // x's first batch flies while the offsets come (its loads do not need them)
+  XBatch xv;
+  if (X_EARLY && x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
+
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
   // of this warp's stream; the first three loads fly while x is staged
   int start = 0;
@@ -380,9 +391,14 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
   // each plane's rows past KS (generic strides: items unrolled two at a time)
+  if (!X_EARLY && x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
   if (x_rows) {  // the host sets it on Hopper only: 2 where x's rows are 16-byte aligned
-    if (x_rows == 2) stage_x_rows<true>(xs, x, N, K, sxn, n0, k0, warp, lane);
-    else stage_x_rows<false>(xs, x, N, K, sxn, n0, k0, warp, lane);
+    for (int u0 = warp;;) {
+      store_x_batch(xv, u0, x_rows == 2, xs, lane);
+      u0 += WARPS * X_BATCH;
+      if (u0 >= X_UNITS) break;
+      load_x_batch(xv, u0, x_rows == 2, x, N, K, sxn, n0, k0, lane);
+    }
     for (int item = tid; item < NB * (PS - KS); item += THREADS) xs[item / (PS - KS) * PS + KS + item % (PS - KS)] = zero;
   } else {
 #pragma unroll 2
