@@ -53,8 +53,8 @@
 #ifndef CK
 #define CK 1
 #endif
-#ifndef X_EARLY
-#define X_EARLY 1  // probe (session 25): 0 issues x's first batch after the stream's first loads
+#ifndef DEPTH
+#define DEPTH 3  // probe (session 25): the stream's loads in flight per lane
 #endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
@@ -354,7 +354,7 @@ __device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide
 // 1024 threads' worth of registers per SM (64 each; 72-80 for 12, 24, 28 warps): the weight
 // stream needs warps in flight
 // (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
-extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
+extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 : 1024 / THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
@@ -373,7 +373,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
 
   // x's first batch flies while the offsets come (its loads do not need them)
   XBatch xv;
-  if (X_EARLY && x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
+  if (x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
   // of this warp's stream; the first three loads fly while x is staged
@@ -384,14 +384,13 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   const uint4* wp = words + base + q * R + t;
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  int c = kw;  // this warp's steps: kw, kw + KW, ...; three loads stay in flight, across groups
-  uint4 a = c < total ? load_stream(wp + c * STEP) : zero;
-  uint4 b = c + KW < total ? load_stream(wp + (c + KW) * STEP) : zero;
-  uint4 c2 = c + 2 * KW < total ? load_stream(wp + (c + 2 * KW) * STEP) : zero;
+  int c = kw;  // this warp's steps: kw, kw + KW, ...; DEPTH loads stay in flight, across groups
+  uint4 buf[DEPTH];
+#pragma unroll
+  for (int j = 0; j < DEPTH; ++j) buf[j] = c + j * KW < total ? load_stream(wp + (c + j * KW) * STEP) : zero;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
   // each plane's rows past KS (generic strides: items unrolled two at a time)
-  if (!X_EARLY && x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
   if (x_rows) {  // the host sets it on Hopper only: 2 where x's rows are 16-byte aligned
     for (int u0 = warp;;) {
       store_x_batch(xv, u0, x_rows == 2, xs, lane);
@@ -428,21 +427,20 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   // with KW > 1 every warp runs GPW rounds (the CTA meets in shared memory after each)
   for (int gi = 0; gi < (KW > 1 ? GPW : gn); ++gi) {
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
-    // three steps a round, each register reloaded once its chunk is used (no moves rotating them)
-    for (; c + 2 * KW < end; c += 3 * KW) {
-      fma_chunk(acc, a, xs_lane);
-      a = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
-      fma_chunk(acc, b, xs_lane);
-      b = c + 4 * KW < total ? load_stream(wp + (c + 4 * KW) * STEP) : zero;
-      fma_chunk(acc, c2, xs_lane);
-      c2 = c + 5 * KW < total ? load_stream(wp + (c + 5 * KW) * STEP) : zero;
+    // DEPTH steps a round, each register reloaded once its chunk is used (no moves rotating them)
+    for (; c + (DEPTH - 1) * KW < end; c += DEPTH * KW) {
+#pragma unroll
+      for (int j = 0; j < DEPTH; ++j) {
+        fma_chunk(acc, buf[j], xs_lane);
+        buf[j] = c + (DEPTH + j) * KW < total ? load_stream(wp + (c + (DEPTH + j) * KW) * STEP) : zero;
+      }
     }
-    for (; c < end; c += KW) {  // the group's last one or two steps, the registers back in order
-      const uint4 next = c + 3 * KW < total ? load_stream(wp + (c + 3 * KW) * STEP) : zero;
-      fma_chunk(acc, a, xs_lane);
-      a = b;
-      b = c2;
-      c2 = next;
+    for (; c < end; c += KW) {  // the group's last steps, the registers back in order
+      const uint4 next = c + DEPTH * KW < total ? load_stream(wp + (c + DEPTH * KW) * STEP) : zero;
+      fma_chunk(acc, buf[0], xs_lane);
+#pragma unroll
+      for (int j = 0; j + 1 < DEPTH; ++j) buf[j] = buf[j + 1];
+      buf[DEPTH - 1] = next;
     }
 #pragma unroll
     for (int i = 0; i < TPL; ++i) {  // the row's K parts meet in lane q = 0
