@@ -50,6 +50,7 @@ SHARED_GROUPS = (1, 2, 4)
 LANES_PER_ROW = (1, 2)
 HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
+ROWS_COPY_MAX = 1024  # the template's: a CTA of up to this many team rows copies their output rows on chip
 MAX_SLICES = 64
 MAX_PARTIALS_BYTES = 256 << 20  # split-K's fp32 partials (4 x tokens x slices x rows): past this, no split
 MAX_TOKEN_TILES = 65535  # the grid's z
@@ -103,11 +104,13 @@ def _plane_rows(config: Config) -> int:
 
 def _smem_bytes(config: Config) -> int:
     """x's slice; with kw > 1 each warp's 32 lanes x tpl fp32 sums; with clusters the CTA's rows'
-    fp32 sums for its peers."""
+    fp32 sums for its peers; the CTA's output rows (up to ROWS_COPY_MAX)."""
     sums = config.warps * 32 * config.tpl * 4 if config.kw > 1 else 0
     _, R, _ = _team(config)
-    shared = config.warps // config.kw * config.gpw * R * config.nt * 4 if config.ck > 1 else 0
-    return _plane_rows(config) * config.nt * 2 + sums + shared
+    team_rows = config.warps // config.kw * config.gpw * R
+    shared = team_rows * config.nt * 4 if config.ck > 1 else 0
+    rows_copy = team_rows * 4 if team_rows <= ROWS_COPY_MAX else 0
+    return _plane_rows(config) * config.nt * 2 + sums + shared + rows_copy
 
 
 def available(device) -> bool:

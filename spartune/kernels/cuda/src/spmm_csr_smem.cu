@@ -53,9 +53,6 @@
 #ifndef CK
 #define CK 1
 #endif
-#ifndef DEPTH
-#define DEPTH 3  // probe (session 25): the stream's loads in flight per lane
-#endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
 #endif
@@ -80,8 +77,14 @@ constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: the copy gives 
 // lanes of one row on the bank positions its P rows leave free
 constexpr int PS = KS + P + (LP == 2 && P == 4 ? 2 : 0);
 constexpr int THREADS = WARPS * 32;
+constexpr int DEPTH = 3;  // the stream's 16-byte loads in flight per lane (4-6 measured slower: LOG, session 25)
 constexpr int WG = WARPS / KW;   // warp rows: sets of KW warps sharing groups
 constexpr int TEAM_ROWS = WG * GPW * R;  // a CTA's rows (teams), padding included
+// the CTA's rows' output rows copied into shared memory at the start (up to ROWS_COPY_MAX), so the
+// epilogue does not wait on a load at the end of the CTA's life (LOG, session 25)
+constexpr int ROWS_COPY_MAX = 1024;
+constexpr bool ROWS_COPY = TEAM_ROWS <= ROWS_COPY_MAX;
+constexpr int ROWS_PER_THREAD = ROWS_COPY ? (TEAM_ROWS + THREADS - 1) / THREADS : 1;
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
 static_assert((TPL == 8 || TPL == 16) && NT % TPL == 0, "TPL must be 8, or 16 with NT >= 16");
 static_assert((LP * PS) % 8 == P % 8, "the plane pitch must put a team's lanes on free bank positions");
@@ -104,6 +107,12 @@ __device__ __forceinline__ int grid_warp_row(int wr) {
 __device__ __forceinline__ int grid_team_row(int local) {
   constexpr int PER_WARP_ROW = GPW * R;
   return grid_warp_row(local / PER_WARP_ROW) * PER_WARP_ROW + local % PER_WARP_ROW;
+}
+
+// the output row of a team row (grid index team_row, CTA index local): `rows` is the CTA's copy
+// (ROWS_COPY) or the grid's
+__device__ __forceinline__ int row_of(const int* rows, int team_row, int local) {
+  return rows[ROWS_COPY ? local : team_row];
 }
 
 __device__ __forceinline__ float elt_to_float(unsigned bits) {
@@ -210,7 +219,7 @@ struct Partials {
 __device__ __forceinline__ void finish(const float (&acc)[TPL], int team_row, int local, int h, int n0,
                                        const int* rows, const spartune::Epilogue& ep, const Partials& part) {
   if (CK == 1 && part.slices == 1) {
-    const int m = rows[team_row];
+    const int m = row_of(rows, team_row, local);
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
 #pragma unroll
@@ -233,7 +242,7 @@ __device__ __forceinline__ void emit(float v, int team_row, int local, int n_loc
     return;
   }
   if (part.slices == 1) {
-    const int m = rows[team_row];
+    const int m = row_of(rows, team_row, local);
     if (m >= 0) ep.store(m, n0 + n_local, v, ep.bias_of(m));
     return;
   }
@@ -265,7 +274,7 @@ __device__ __forceinline__ void sum_slices(int slices, int first, int stride, co
         }
       }
     }
-    const int m = rows[team_row];
+    const int m = row_of(rows, team_row, v / (NT / 4));
     if (m >= 0) {
       const float bias_m = ep.bias_of(m);
       ep.store(m, n, sum.x, bias_m);
@@ -284,12 +293,13 @@ __device__ __forceinline__ void sum_slices(int slices, int first, int stride, co
 // lanes' row addresses put each transposed row at its column: a third less staging time than
 // 4-byte pairs, whose 16-byte pieces each fetched a 32-byte sector (LOG, session 20: staging was
 // 40% of qkv at N = 16). Else 4-byte pairs of columns, register j holding block j.
-// The kernel issues the first batch before it waits for the offsets (LOG, session 25).
+// With one batch a warp the kernel issues it before it waits for the offsets (LOG, session 25).
 constexpr int X_UNITS = KS / 32 * NB;  // (32 columns, 8 tokens) per unit
 constexpr int X_PER_WARP = (X_UNITS + WARPS - 1) / WARPS;
 constexpr int X_MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
 constexpr int X_BATCH = X_PER_WARP < X_MAX_BATCH ? X_PER_WARP : X_MAX_BATCH;  // units in flight per warp
 using XBatch = unsigned[X_BATCH][4];
+constexpr bool X_ONE_BATCH = X_PER_WARP <= X_MAX_BATCH;
 
 // units u0, u0 + WARPS, ... (X_BATCH of them) of x into registers
 __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const unsigned short* __restrict__ x,
@@ -351,10 +361,21 @@ __device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide
 #endif
 }
 
+// more than one batch a warp: batch after batch
+template <bool WIDE>
+__device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
+                                             long long sxn, int n0, int k0, int warp, int lane) {
+  for (int u0 = warp; u0 < X_UNITS; u0 += WARPS * X_BATCH) {
+    XBatch v;
+    load_x_batch(v, u0, WIDE, x, N, K, sxn, n0, k0, lane);
+    store_x_batch(v, u0, WIDE, xs, lane);
+  }
+}
+
 // 1024 threads' worth of registers per SM (64 each; 72-80 for 12, 24, 28 warps): the weight
 // stream needs warps in flight
 // (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
-extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 : 1024 / THREADS) spmm_csr_smem(
+extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS) spmm_csr_smem(
     const uint4* __restrict__ words, const int* __restrict__ offsets, const int* __restrict__ rows,
     const unsigned short* __restrict__ x, void* out, const void* bias, const void* residual,
     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups, int slices,
@@ -371,9 +392,18 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
   const int g0 = grid_warp_row(wg) * GPW;  // the warp's first group
   const int gn = max(0, min(GPW, groups - g0));  // and how many (maybe none)
 
-  // x's first batch flies while the offsets come (its loads do not need them)
-  XBatch xv;
-  if (x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
+  XBatch xv;  // with one batch a warp, x's loads fly while the offsets come (they do not need them)
+  if (X_ONE_BATCH && x_rows) load_x_batch(xv, warp, x_rows == 2, x, N, K, sxn, n0, k0, lane);
+  int row_regs[ROWS_PER_THREAD];  // and the CTA's output rows (ROWS_COPY)
+#pragma unroll
+  for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+    const int local = tid + j * THREADS;
+    row_regs[j] = -1;
+    if (ROWS_COPY && local < TEAM_ROWS) {
+      const int team_row = grid_team_row(local);
+      if (team_row < groups * R) row_regs[j] = rows[team_row];
+    }
+  }
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
   // of this warp's stream; the first three loads fly while x is staged
@@ -392,12 +422,9 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
   // each plane's rows past KS (generic strides: items unrolled two at a time)
   if (x_rows) {  // the host sets it on Hopper only: 2 where x's rows are 16-byte aligned
-    for (int u0 = warp;;) {
-      store_x_batch(xv, u0, x_rows == 2, xs, lane);
-      u0 += WARPS * X_BATCH;
-      if (u0 >= X_UNITS) break;
-      load_x_batch(xv, u0, x_rows == 2, x, N, K, sxn, n0, k0, lane);
-    }
+    if (X_ONE_BATCH) store_x_batch(xv, warp, x_rows == 2, xs, lane);
+    else if (x_rows == 2) stage_x_rows<true>(xs, x, N, K, sxn, n0, k0, warp, lane);
+    else stage_x_rows<false>(xs, x, N, K, sxn, n0, k0, warp, lane);
     for (int item = tid; item < NB * (PS - KS); item += THREADS) xs[item / (PS - KS) * PS + KS + item % (PS - KS)] = zero;
   } else {
 #pragma unroll 2
@@ -413,12 +440,18 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
       xs[item] = pack8(v);
     }
   }
+  float* sums = reinterpret_cast<float*>(xs + NB * PS);  // KW > 1: [warp][i][lane]
+  float* red = sums + (KW > 1 ? WARPS * TPL * 32 : 0);
+  int* rows_copy = reinterpret_cast<int*>(red + (CK > 1 ? TEAM_ROWS * NT : 0));
+#pragma unroll
+  for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+    if (ROWS_COPY && tid + j * THREADS < TEAM_ROWS) rows_copy[tid + j * THREADS] = row_regs[j];
+  }
+  const int* row_map = ROWS_COPY ? rows_copy : rows;  // read through row_of
   __syncthreads();
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
-  float* sums = reinterpret_cast<float*>(xs + NB * PS);  // KW > 1: [warp][i][lane]
-  float* red = sums + (KW > 1 ? WARPS * TPL * 32 : 0);
   const Partials part{ws, red, tile_rows, static_cast<long long>(blockIdx.z) * slices * tile_rows, s, slices};
   float acc[TPL];
 #pragma unroll
@@ -448,7 +481,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
       if (QS >= 4) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2 * QLANES);
     }
     if (KW == 1) {
-      if (q == 0) finish(acc, (g0 + gi) * R + t, (wg * GPW + gi) * R + t, h, n0, rows, ep, part);
+      if (q == 0) finish(acc, (g0 + gi) * R + t, (wg * GPW + gi) * R + t, h, n0, row_map, ep, part);
     } else {
 #pragma unroll
       for (int i = 0; i < TPL; ++i) sums[(warp * TPL + i) * 32 + lane] = acc[i];
@@ -461,7 +494,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
         float v = 0.f;
 #pragma unroll 8
         for (int j = 0; j < KW; ++j) v += sums[((w0 * KW + j) * TPL + i) * 32 + l];
-        emit(v, g * R + l / TEAM, (w0 * GPW + gi) * R + l / TEAM, (l % TEAM) * TPL + i, n0, rows, ep, part);
+        emit(v, g * R + l / TEAM, (w0 * GPW + gi) * R + l / TEAM, (l % TEAM) * TPL + i, n0, row_map, ep, part);
       }
       __syncthreads();
     }
@@ -474,7 +507,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
   __syncwarp();
   spartune::cluster_sync();  // every slice's sums written (release / acquire)
   const float4* red4 = reinterpret_cast<const float4*>(red);
-  sum_slices<CK>(CK, spartune::cluster_rank() * THREADS + tid, CK * THREADS, rows, groups, n0, ep,
+  sum_slices<CK>(CK, spartune::cluster_rank() * THREADS + tid, CK * THREADS, row_map, groups, n0, ep,
                  [&](int, int v, int j) { return spartune::load_peer_f4(red4 + v, j); });
   __syncwarp();  // (the loop's lanes may have left it apart: the barrier is .aligned)
   spartune::cluster_sync();  // no CTA leaves while a peer may still read its sums
@@ -492,7 +525,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, DEPTH > 3 ? 1 
   __threadfence();
   const float4* ws4 = reinterpret_cast<const float4*>(ws) + part.base * (NT / 4);
   const long long slice_vectors = tile_rows * (NT / 4);
-  sum_slices<8>(slices, tid, THREADS, rows, groups, n0, ep, [&](int team_row, int v, int j) {
+  sum_slices<8>(slices, tid, THREADS, row_map, groups, n0, ep, [&](int team_row, int v, int j) {
     return __ldcg(ws4 + j * slice_vectors + team_row * (NT / 4) + v % (NT / 4));
   });
   if (tid == 0) *counter = 0;
