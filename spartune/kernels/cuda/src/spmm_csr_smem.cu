@@ -372,6 +372,13 @@ __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __
   }
 }
 
+// the arrival counter's add, releasing this CTA's writes and acquiring the earlier arrivals'
+__device__ __forceinline__ int arrive_acq_rel(int* counter) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
 // 1024 threads' worth of registers per SM (64 each; 72-80 for 12, 24, 28 warps): the weight
 // stream needs warps in flight
 // (ncu, v3: 128 registers left 25% occupancy and the DRAM at 39% of peak)
@@ -515,14 +522,15 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
 #endif
   if (slices == 1) return;
 
-  // split K: the last CTA of this row block and token tile sums the slices' partials, every thread
-  __threadfence();
+  // split K: the last CTA of this row block and token tile sums the slices' partials, every thread.
+  // The CTA barrier orders every thread's partials before thread 0's arrival, whose release (gpu
+  // scope, cumulative) publishes them and whose acquire sees the other slices' (the pattern of
+  // CUTLASS's split-K semaphore: no fence in every thread)
   __syncthreads();
   int* counter = counters + blockIdx.z * gridDim.x + blockIdx.x;
-  if (tid == 0) is_last = atomicAdd(counter, 1) == slices - 1;
+  if (tid == 0) is_last = arrive_acq_rel(counter) == slices - 1;
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   const float4* ws4 = reinterpret_cast<const float4*>(ws) + part.base * (NT / 4);
   const long long slice_vectors = tile_rows * (NT / 4);
   sum_slices<8>(slices, tid, THREADS, row_map, groups, n0, ep, [&](int team_row, int v, int j) {
