@@ -133,6 +133,12 @@ def test_plane_pitch_puts_a_quarter_warp_on_distinct_bank_positions(nt, tpl, qs)
                 assert len(banks) == 8, (quarter, j)
 
 
+def rows_copy_bytes(c) -> int:
+    """The CTA's output rows, copied on chip where it holds up to ROWS_COPY_MAX team rows."""
+    team_rows = c.warps // c.kw * c.gpw * K._team(c)[1]
+    return team_rows * 4 if team_rows <= K.ROWS_COPY_MAX else 0
+
+
 def test_space_offers_sixteen_tokens_a_lane_from_sixteen_tokens():
     """tpl = 16 beside the configs at nt >= 16 where the arithmetic outweighs x's staging: the
     same rows per warp as nt = 8 (one lane a row at nt = 16), fewer instructions per product,
@@ -150,8 +156,9 @@ def test_space_offers_sixteen_tokens_a_lane_from_sixteen_tokens():
         assert K._team(c)[1] == 32 // c.qs == 2 * K._team(eight)[1]
         f, g = K.features(prob, c), K.features(prob, eight)
         assert f.fma_flops < g.fma_flops and f.programs * 2 >= g.programs
-        if c.ck == 1:  # x's two planes of ks + 8 rows, and 16 sums a lane where warps share groups
-            assert K._smem_bytes(c) == (c.ks + 8) * 16 * 2 + (c.warps * 32 * 16 * 4 if c.kw > 1 else 0)
+        if c.ck == 1:  # x's two planes of ks + 8 rows, 16 sums a lane where warps share groups, the rows
+            assert K._smem_bytes(c) == (c.ks + 8) * 16 * 2 + (c.warps * 32 * 16 * 4 if c.kw > 1 else 0) \
+                + rows_copy_bytes(c)
     assert K._plane_rows(K.Config(32, 1024, 8, tpl=16)) == 1024 + 4 + 2
 
 
@@ -164,7 +171,7 @@ def test_space_shares_groups_between_warps_with_room_for_their_sums():
     assert {c.kw for c in shared} == set(K.WARPS_PER_GROUP)
     for c in shared:
         assert c.warps % c.kw == 0 and c.qs == 1
-        assert K._smem_bytes(c) == (c.ks + 8) * 8 * 2 + c.warps * 1024 <= K.SMEM_LIMIT
+        assert K._smem_bytes(c) == (c.ks + 8) * 8 * 2 + c.warps * 1024 + rows_copy_bytes(c) <= K.SMEM_LIMIT
         alone = K.Config(c.nt, c.ks, c.warps // c.kw, c.gpw, 1)
         assert K.features(prob, c).programs == K.features(prob, alone).programs
         assert K.features(prob, c).steps_mean == pytest.approx(K.features(prob, alone).steps_mean / c.kw)
