@@ -296,6 +296,10 @@ __device__ __forceinline__ void sum_slices(int slices, int first, int stride, co
 // With one batch a warp the kernel issues it before it waits for the offsets (LOG, session 25).
 constexpr int X_UNITS = KS / 32 * NB;  // (32 columns, 8 tokens) per unit
 constexpr int X_PER_WARP = (X_UNITS + WARPS - 1) / WARPS;
+#ifndef ABLATE_X
+#define ABLATE_X 0  // probe: 1 stages half of x's units, 2 none (wrong results; timing only)
+#endif
+constexpr int X_STAGED = ABLATE_X == 0 ? X_UNITS : ABLATE_X == 1 ? X_UNITS / 2 : 0;
 constexpr int X_MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
 constexpr int X_BATCH = X_PER_WARP < X_MAX_BATCH ? X_PER_WARP : X_MAX_BATCH;  // units in flight per warp
 using XBatch = unsigned[X_BATCH][4];
@@ -310,7 +314,7 @@ __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const
     const int u = u0 + b * WARPS;
     const int kb = (u / NB) * 32, tb = u % NB;
     const int n = n0 + tb * 8 + r;
-    const bool live = u < X_UNITS && n < N;
+    const bool live = u < X_STAGED && n < N;
     if (wide) {
       const int k = k0 + kb + 8 * q;
       const unsigned short* src = x + n * sxn + k;
@@ -349,7 +353,7 @@ __device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide
 #pragma unroll
   for (int b = 0; b < X_BATCH; ++b) {
     const int u = u0 + b * WARPS;
-    if (u >= X_UNITS) break;  // warp-uniform
+    if (u >= X_STAGED) break;  // warp-uniform
     const int kb = (u / NB) * 32, tb = u % NB;
     const uint4* row = xs + tb * PS + kb + col;
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
@@ -365,7 +369,7 @@ __device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide
 template <bool WIDE>
 __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
                                              long long sxn, int n0, int k0, int warp, int lane) {
-  for (int u0 = warp; u0 < X_UNITS; u0 += WARPS * X_BATCH) {
+  for (int u0 = warp; u0 < X_STAGED; u0 += WARPS * X_BATCH) {
     XBatch v;
     load_x_batch(v, u0, WIDE, x, N, K, sxn, n0, k0, lane);
     store_x_batch(v, u0, WIDE, xs, lane);
