@@ -59,8 +59,8 @@
 #if HALF_SUMS && SPARTUNE_BF16
 #error "HALF_SUMS is for fp16 only"
 #endif
-#include "wgmma_sp.cuh"  // mbarriers; cluster barriers, distributed shared memory
 #if CK > 1
+#include "wgmma_sp.cuh"  // cluster barriers, distributed shared memory
 #define CSR_CLUSTER __cluster_dims__(1, CK, 1)
 #else
 #define CSR_CLUSTER
@@ -296,28 +296,10 @@ __device__ __forceinline__ void sum_slices(int slices, int first, int stride, co
 // With one batch a warp the kernel issues it before it waits for the offsets (LOG, session 25).
 constexpr int X_UNITS = KS / 32 * NB;  // (32 columns, 8 tokens) per unit
 constexpr int X_PER_WARP = (X_UNITS + WARPS - 1) / WARPS;
-#ifndef ABLATE_X
-#define ABLATE_X 0  // probe: 1 stages half of x's units, 2 none (wrong results; timing only)
-#endif
-constexpr int X_STAGED = ABLATE_X == 0 ? X_UNITS : ABLATE_X == 1 ? X_UNITS / 2 : 0;
-#ifndef X_BIG_BATCH
-#define X_BIG_BATCH 1  // probe (session 25)
-#endif
-#ifndef SPLIT_X
-#define SPLIT_X 1  // probe (session 25)
-#endif
-constexpr int REG_CAP = 65536 / (THREADS * (1024 / THREADS));  // the launch bounds' registers a thread
-// 16 tokens: 12 units (48 registers) where 80 or more registers are left, else 4 (spills at 64)
-constexpr int X_MAX_BATCH = NT == 8 ? 8 : REG_CAP >= 80 && X_BIG_BATCH ? 12 : 4;
+constexpr int X_MAX_BATCH = NT == 8 ? 8 : 4;  // more spills under the 64-register cap
 constexpr int X_BATCH = X_PER_WARP < X_MAX_BATCH ? X_PER_WARP : X_MAX_BATCH;  // units in flight per warp
 using XBatch = unsigned[X_BATCH][4];
 constexpr bool X_ONE_BATCH = X_PER_WARP <= X_MAX_BATCH;
-// With one batch a warp, x's first half of columns is stored before the CTA barrier and the second
-// once a warp's chunks first reach it (or its group ends), behind an mbarrier: the warps start on
-// their first chunks (columns rise with a row's slots) while the second half still arrives
-constexpr bool X_SPLIT = X_ONE_BATCH && SPLIT_X;
-constexpr int X_HALF_COL = KS / 64 * 32;            // the first half's columns
-constexpr int X_FIRST_UNITS = X_HALF_COL / 32 * NB;  // and its units
 
 // units u0, u0 + WARPS, ... (X_BATCH of them) of x into registers
 __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const unsigned short* __restrict__ x,
@@ -328,7 +310,7 @@ __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const
     const int u = u0 + b * WARPS;
     const int kb = (u / NB) * 32, tb = u % NB;
     const int n = n0 + tb * 8 + r;
-    const bool live = u < X_STAGED && n < N;
+    const bool live = u < X_UNITS && n < N;
     if (wide) {
       const int k = k0 + kb + 8 * q;
       const unsigned short* src = x + n * sxn + k;
@@ -358,9 +340,8 @@ __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const
   }
 }
 
-// the batch's units in [lo, hi) transposed into the planes
-__device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide, uint4* xs, int lane, int lo = 0,
-                                              int hi = X_STAGED) {
+// the batch's units transposed into the planes
+__device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide, uint4* xs, int lane) {
 #if __CUDA_ARCH__ >= 900
   // the slice column of the row this lane addresses: row p of matrix i
   const int i = lane / 8, p = lane % 8;
@@ -368,8 +349,7 @@ __device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide
 #pragma unroll
   for (int b = 0; b < X_BATCH; ++b) {
     const int u = u0 + b * WARPS;
-    if (u >= min(hi, X_STAGED)) break;  // warp-uniform
-    if (u < lo) continue;
+    if (u >= X_UNITS) break;  // warp-uniform
     const int kb = (u / NB) * 32, tb = u % NB;
     const uint4* row = xs + tb * PS + kb + col;
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
@@ -381,16 +361,11 @@ __device__ __forceinline__ void store_x_batch(const XBatch& v, int u0, bool wide
 #endif
 }
 
-// whether a chunk reads x's second half of columns (padding's zero rows count as second)
-__device__ __forceinline__ bool reads_second(const uint4& w) {
-  return max(max(w.x, w.y), max(w.z, w.w)) >= static_cast<unsigned>(X_HALF_COL) << 16;
-}
-
 // more than one batch a warp: batch after batch
 template <bool WIDE>
 __device__ __forceinline__ void stage_x_rows(uint4* xs, const unsigned short* __restrict__ x, int N, int K,
                                              long long sxn, int n0, int k0, int warp, int lane) {
-  for (int u0 = warp; u0 < X_STAGED; u0 += WARPS * X_BATCH) {
+  for (int u0 = warp; u0 < X_UNITS; u0 += WARPS * X_BATCH) {
     XBatch v;
     load_x_batch(v, u0, WIDE, x, N, K, sxn, n0, k0, lane);
     store_x_batch(v, u0, WIDE, xs, lane);
@@ -416,7 +391,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   extern __shared__ uint4 xs[];  // NB planes of PS rows of 8 tokens (16 bytes); the KW sums (KW > 1);
                                  // the slice's sums for the cluster (CK > 1)
   __shared__ int is_last;
-  __shared__ unsigned long long x_second;  // X_SPLIT: the second half's units stored (THREADS arrivals)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
   const int t = lane % QLANES / TEAM, h = lane % TEAM;  // row of the warp's group, which TPL tokens
@@ -455,7 +429,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
   // each plane's rows past KS (generic strides: items unrolled two at a time)
   if (x_rows) {  // the host sets it on Hopper only: 2 where x's rows are 16-byte aligned
-    if (X_ONE_BATCH) store_x_batch(xv, warp, x_rows == 2, xs, lane, 0, X_SPLIT ? X_FIRST_UNITS : X_UNITS);
+    if (X_ONE_BATCH) store_x_batch(xv, warp, x_rows == 2, xs, lane);
     else if (x_rows == 2) stage_x_rows<true>(xs, x, N, K, sxn, n0, k0, warp, lane);
     else stage_x_rows<false>(xs, x, N, K, sxn, n0, k0, warp, lane);
     for (int item = tid; item < NB * (PS - KS); item += THREADS) xs[item / (PS - KS) * PS + KS + item % (PS - KS)] = zero;
@@ -481,23 +455,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     if (ROWS_COPY && tid + j * THREADS < TEAM_ROWS) rows_copy[tid + j * THREADS] = row_regs[j];
   }
   const int* row_map = ROWS_COPY ? rows_copy : rows;  // read through row_of
-  if (X_SPLIT && tid == 0) spartune::mbar_init(&x_second, THREADS);
   __syncthreads();
-  // X_SPLIT: whether this warp may read x's second half, and whether it stored its share of it
-  bool second = !(X_SPLIT && x_rows), stored = second;
-  auto store_second = [&]() {
-    if (stored) return;
-    store_x_batch(xv, warp, x_rows == 2, xs, lane, X_FIRST_UNITS, X_UNITS);
-    spartune::mbar_arrive(&x_second);
-    stored = true;
-  };
-  auto wait_second = [&](bool reach) {
-    if (__any_sync(0xffffffffu, reach)) {
-      store_second();
-      spartune::mbar_wait(&x_second, 0);
-      second = true;
-    }
-  };
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
@@ -511,12 +469,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     const int end = (__shfl_sync(0xffffffffu, start, min(gi + 1, gn)) - base) / (R * QS);
     // DEPTH steps a round, each register reloaded once its chunk is used (no moves rotating them)
     for (; c + (DEPTH - 1) * KW < end; c += DEPTH * KW) {
-      if (X_SPLIT && !second) {
-        bool reach = false;
-#pragma unroll
-        for (int j = 0; j < DEPTH; ++j) reach |= reads_second(buf[j]);
-        wait_second(reach);
-      }
 #pragma unroll
       for (int j = 0; j < DEPTH; ++j) {
         fma_chunk(acc, buf[j], xs_lane);
@@ -525,13 +477,11 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     }
     for (; c < end; c += KW) {  // the group's last steps, the registers back in order
       const uint4 next = c + DEPTH * KW < total ? load_stream(wp + (c + DEPTH * KW) * STEP) : zero;
-      if (X_SPLIT && !second) wait_second(reads_second(buf[0]));
       fma_chunk(acc, buf[0], xs_lane);
 #pragma unroll
       for (int j = 0; j + 1 < DEPTH; ++j) buf[j] = buf[j + 1];
       buf[DEPTH - 1] = next;
     }
-    if (X_SPLIT) store_second();  // before any CTA barrier: every thread arrives on x_second first
 #pragma unroll
     for (int i = 0; i < TPL; ++i) {  // the row's K parts meet in lane q = 0
       if (QS >= 2) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], QLANES);
@@ -558,7 +508,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
 #pragma unroll
     for (int i = 0; i < TPL; ++i) acc[i] = 0.f;
   }
-  if (X_SPLIT) store_second();  // (warps without groups)
 #if CK > 1
   // the cluster's slices meet: CTA `rank` sums every CK-th vector over the CTAs' shared memory
   if (gridDim.y != CK) __trap();  // the host launches exactly CK slices (a cluster) per row block
