@@ -301,25 +301,6 @@ constexpr int X_BATCH = X_PER_WARP < X_MAX_BATCH ? X_PER_WARP : X_MAX_BATCH;  //
 using XBatch = unsigned[X_BATCH][4];
 constexpr bool X_ONE_BATCH = X_PER_WARP <= X_MAX_BATCH;
 
-#ifndef XNC
-#define XNC 1  // probe (session 25): 0 plain loads of x, 1 .nc L1::no_allocate, 2 and L2::256B
-#endif
-// x's 16 bytes: read once per CTA, not through L1 (its share of the SM's 256 KB is what shared
-// memory leaves)
-__device__ __forceinline__ uint4 load_x16(const uint4* p) {
-  uint4 v;
-#if XNC == 0
-  v = *p;
-#elif XNC == 1
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
-  return v;
-}
-
 // units u0, u0 + WARPS, ... (X_BATCH of them) of x into registers
 __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const unsigned short* __restrict__ x,
                                              int N, int K, long long sxn, int n0, int k0, int lane) {
@@ -335,7 +316,7 @@ __device__ __forceinline__ void load_x_batch(XBatch& v, int u0, bool wide, const
       const unsigned short* src = x + n * sxn + k;
       uint4 w = make_uint4(0, 0, 0, 0);
       if (live && k + 7 < K) {
-        w = load_x16(reinterpret_cast<const uint4*>(src));
+        w = *reinterpret_cast<const uint4*>(src);
       } else if (live && k < K) {  // the K tail
         unsigned short e[8];
 #pragma unroll
