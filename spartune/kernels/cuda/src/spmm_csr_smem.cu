@@ -389,7 +389,8 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     long long sxn, long long sxk, int x_rows, int son, int som, int srn, int srm, int out_code, int bias_code,
     int res_code, int act, float scale) {
   extern __shared__ uint4 xs[];  // NB planes of PS rows of 8 tokens (16 bytes); the KW sums (KW > 1);
-                                 // the slice's sums for the cluster (CK > 1)
+                                 // the slice's sums for the cluster (CK > 1); the CTA's output rows
+                                 // (ROWS_COPY)
   __shared__ int is_last;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q = lane / QLANES;                    // which of the row's chunks: q, q + QS, ...
@@ -418,6 +419,15 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
   const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / (R * QS) : 0;  // steps
+  float* sums = reinterpret_cast<float*>(xs + NB * PS);  // KW > 1: [warp][i][lane]
+  float* red = sums + (KW > 1 ? WARPS * TPL * 32 : 0);
+  int* rows_copy = reinterpret_cast<int*>(red + (CK > 1 ? TEAM_ROWS * NT : 0));
+#pragma unroll
+  for (int j = 0; j < ROWS_PER_THREAD; ++j) {  // (here: their registers free before the stream's)
+    if (ROWS_COPY && tid + j * THREADS < TEAM_ROWS) rows_copy[tid + j * THREADS] = row_regs[j];
+  }
+  const int* row_map = ROWS_COPY ? rows_copy : rows;  // read through row_of, after the CTA barrier
+
   const uint4* wp = words + base + q * R + t;
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -447,14 +457,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
       xs[item] = pack8(v);
     }
   }
-  float* sums = reinterpret_cast<float*>(xs + NB * PS);  // KW > 1: [warp][i][lane]
-  float* red = sums + (KW > 1 ? WARPS * TPL * 32 : 0);
-  int* rows_copy = reinterpret_cast<int*>(red + (CK > 1 ? TEAM_ROWS * NT : 0));
-#pragma unroll
-  for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-    if (ROWS_COPY && tid + j * THREADS < TEAM_ROWS) rows_copy[tid + j * THREADS] = row_regs[j];
-  }
-  const int* row_map = ROWS_COPY ? rows_copy : rows;  // read through row_of
   __syncthreads();
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
