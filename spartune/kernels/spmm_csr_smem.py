@@ -50,7 +50,7 @@ SHARED_GROUPS = (1, 2, 4)
 LANES_PER_ROW = (1, 2)
 HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
-ROWS_COPY_MAX = 1024  # the template's: a CTA of up to this many team rows copies their output rows on chip
+ROWS_COPY_MAX = 1024  # a CTA of up to this many team rows copies their output rows on chip
 MAX_SLICES = 64
 MAX_PARTIALS_BYTES = 256 << 20  # split-K's fp32 partials (4 x tokens x slices x rows): past this, no split
 MAX_TOKEN_TILES = 65535  # the grid's z
@@ -106,11 +106,20 @@ def _smem_bytes(config: Config) -> int:
     """x's slice; with kw > 1 each warp's 32 lanes x tpl fp32 sums; with clusters the CTA's rows'
     fp32 sums for its peers; the CTA's output rows (up to ROWS_COPY_MAX)."""
     sums = config.warps * 32 * config.tpl * 4 if config.kw > 1 else 0
-    _, R, _ = _team(config)
-    team_rows = config.warps // config.kw * config.gpw * R
+    team_rows = _team_rows(config)
     shared = team_rows * config.nt * 4 if config.ck > 1 else 0
-    rows_copy = team_rows * 4 if team_rows <= ROWS_COPY_MAX else 0
+    rows_copy = team_rows * 4 if _rows_copied(config) else 0
     return _plane_rows(config) * config.nt * 2 + sums + shared + rows_copy
+
+
+def _team_rows(config: Config) -> int:
+    """A CTA's team rows (the template's TEAM_ROWS): warp rows x groups x rows per group."""
+    return config.warps // config.kw * config.gpw * _team(config)[1]
+
+
+def _rows_copied(config: Config) -> bool:
+    """Whether the CTA copies its output rows on chip (the template's ROWS_COPY, set from here)."""
+    return _team_rows(config) <= ROWS_COPY_MAX
 
 
 def available(device) -> bool:
@@ -291,7 +300,8 @@ def _instance(config: Config, dtype: torch.dtype, half: bool | None = None):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
         "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
-        **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half else {})},
+        **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half else {}),
+        **({"ROWS_COPY": 1} if _rows_copied(config) else {})},
         arch_specific=config.ck > 1)
 
 

@@ -36,6 +36,9 @@
 //   CK             CTAs of a cluster: the K slices of one row block (1: no cluster; else exactly the
 //                  grid's slices, at most 8)
 //   HALF_SUMS      1 (fp16 only): each chunk's products summed in fp16 pairs before the fp32 sums
+//   ROWS_COPY      1: the CTA's output rows copied into shared memory at the start, so the epilogue
+//                  does not wait on a load at the end of the CTA's life (the host sets it where
+//                  they fit: _rows_copied; LOG, session 25)
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -55,6 +58,9 @@
 #endif
 #ifndef HALF_SUMS
 #define HALF_SUMS 0
+#endif
+#ifndef ROWS_COPY
+#define ROWS_COPY 0
 #endif
 #if HALF_SUMS && SPARTUNE_BF16
 #error "HALF_SUMS is for fp16 only"
@@ -80,10 +86,6 @@ constexpr int THREADS = WARPS * 32;
 constexpr int DEPTH = 3;  // the stream's 16-byte loads in flight per lane (4-6 measured slower: LOG, session 25)
 constexpr int WG = WARPS / KW;   // warp rows: sets of KW warps sharing groups
 constexpr int TEAM_ROWS = WG * GPW * R;  // a CTA's rows (teams), padding included
-// the CTA's rows' output rows copied into shared memory at the start (up to ROWS_COPY_MAX), so the
-// epilogue does not wait on a load at the end of the CTA's life (LOG, session 25)
-constexpr int ROWS_COPY_MAX = 1024;
-constexpr bool ROWS_COPY = TEAM_ROWS <= ROWS_COPY_MAX;
 constexpr int ROWS_PER_THREAD = ROWS_COPY ? (TEAM_ROWS + THREADS - 1) / THREADS : 1;
 static_assert(NT == 8 || NT == 16 || NT == 32, "NT must be 8, 16 or 32");
 static_assert((TPL == 8 || TPL == 16) && NT % TPL == 0, "TPL must be 8, or 16 with NT >= 16");
