@@ -20,6 +20,7 @@ from spartune.kernels import sparse_softmax as softmax_kernels
 from spartune.kernels import spmm_blocked, spmm_csr
 from spartune.tune.device import H100
 from spartune.tune.tuner import Tuner
+import helpers
 from helpers import block_weight, random_weight, rel_err
 
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -370,6 +371,21 @@ def test_linear_choice_is_cached(monkeypatch, kind):
     assert calls.count("tune") == 2
     st.linear(torch.randn(6, K, generator=g), A, bias, "relu")  # another N: another choice
     assert calls.count("tune") == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fp16_choices_are_kept_per_reduced_precision_setting(monkeypatch, dtype):
+    """torch's fp16 reduced-precision flag changes cuBLAS's speed and csr_smem's sums: a choice
+    tuned under one setting is neither served nor stored for the other; bf16 ignores the flag."""
+    A = make_format("csr", dtype)
+    calls = _count_tuning(monkeypatch)
+    x = torch.randn(5, K, generator=_gen(12)).to(dtype)
+    keys = set()
+    for allowed in (True, False, True):
+        with helpers.fp16_reduced_precision(allowed):
+            check_close(st.linear(x, A), ref.linear(x, A), dtype)
+            keys.add(dispatch.linear_problem(A, 5, str(dtype).removeprefix("torch.")).key())
+    assert calls.count("tune") == len(keys) == (2 if dtype == torch.float16 else 1)
 
 
 def test_prepare_tunes_ahead_of_the_first_call(monkeypatch):

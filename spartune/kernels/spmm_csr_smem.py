@@ -32,7 +32,7 @@ from ._sliced_ell import SLOTS_PER_LOAD, drop_sliced_ell, memo_key, sliced_ell
 from ._common import arrival_counters, next_pow2
 from .cuda.epilogue import check_operands, epilogue_args, or_null
 from ..formats import CSR
-from ..tune.problem import KernelFeatures, Problem
+from ..tune.problem import KernelFeatures, Problem, fp16_reduction
 
 DTYPES = ("float16", "bfloat16")
 TOKEN_TILES = (8, 16, 32)
@@ -227,7 +227,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
         tiles=programs,
         mma_flops=0.0,
         fma_flops=2.0 * groups * R * slices * slots * config.nt * tiles_n * ISSUE_PER_FMA[config.tpl]
-        * (HALF_SUMS_ISSUE if half_sums(config, getattr(torch, problem.dtype)) else 1.0),
+        * (HALF_SUMS_ISSUE if half_sums(config, problem.fp16_reduction) else 1.0),
         dram_bytes=word_bytes + x_bytes + y_bytes,
         l2_bytes=word_bytes * tiles_n + staged + y_bytes,
         steps_max=int(steps) + 1,
@@ -263,7 +263,7 @@ _kernels: dict[tuple, object] = {}
 
 
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
-    half = half_sums(config, dtype)  # (read once: the key and the instance must agree)
+    half = half_sums(config, fp16_reduction(dtype))  # (read once: the key and the instance agree)
     key = (config, dtype, device.index, half)
     kernel = _kernels.get(key)
     if kernel is None:
@@ -271,32 +271,19 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     return kernel
 
 
-def half_sums(config: Config, dtype: torch.dtype) -> bool:
+def half_sums(config: Config, fp16_reduction_allowed: bool) -> bool:
     """Whether fp16 products are summed in fp16 pairs, 4 nonzeros at a time, before the fp32 sums:
     where torch allows reduced-precision reductions in fp16 matmuls
     (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default; cuBLAS
     then sums split-K partials in fp16), at 16 tokens a CTA or more (N >= 9). There the loop's
     issue binds and the lighter loop won 4-10%; at 8 tokens the stream binds and its longer chains
     lost 1-3% (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums; a 4-product
-    partial past 65504 overflows where fp32 sums would not. The tuning DB's key does not hold the
-    flag: a choice tuned with it serves without it (the other kernel, compiled on first use)."""
-    return config.nt >= HALF_SUMS_MIN_TOKENS and dtype == torch.float16 and _fp16_reduction_allowed()
+    partial past 65504 overflows where fp32 sums would not. The tuning key holds the flag
+    (Problem.fp16_reduction), and the launch reads it again (the key and the kernel agree)."""
+    return config.nt >= HALF_SUMS_MIN_TOKENS and fp16_reduction_allowed
 
 
-_get_fp16_reduction = getattr(torch._C, "_get_cublas_allow_fp16_reduced_precision_reduction", None)
-
-
-def _fp16_reduction_allowed() -> bool:
-    """torch's flag, read on every launch: its public property costs ~1.4 us of host time a call,
-    the getter behind it ~0.1 (a bool, or (allowed, split-K allowed) in newer torch)."""
-    if _get_fp16_reduction is None:
-        return torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-    allowed = _get_fp16_reduction()
-    return bool(allowed[0] if isinstance(allowed, tuple) else allowed)
-
-
-def _instance(config: Config, dtype: torch.dtype, half: bool | None = None):
-    half = half_sums(config, dtype) if half is None else half
+def _instance(config: Config, dtype: torch.dtype, half: bool):
     return cuda.instance("spmm_csr_smem.cu", "spmm_csr_smem", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
         "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
@@ -307,7 +294,7 @@ def _instance(config: Config, dtype: torch.dtype, half: bool | None = None):
 
 def instances(problem: Problem, config: Config) -> list:
     """The kernel a launch of `config` loads (compiled ahead by the tuner)."""
-    return [_instance(config, getattr(torch, problem.dtype))]
+    return [_instance(config, getattr(torch, problem.dtype), half_sums(config, problem.fp16_reduction))]
 
 
 def _x_rows(x: torch.Tensor) -> int:

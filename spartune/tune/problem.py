@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from ..formats import FormatStats
 
 
@@ -43,6 +45,9 @@ class Problem:
     epilogue: Epilogue = Epilogue()
     device: str = ""  # device name + capability; filled in by the dispatch point
     layout: str = "linear"  # "linear": x (N, K) K-contiguous; "spmm": x = X.T, tokens contiguous
+    # torch's fp16 reduced-precision flag at tuning time (fp16 only): cuBLAS's speed and csr_smem's
+    # sums follow it, so a choice tuned under one setting is not served under the other
+    fp16_reduction: bool = False
 
     def key(self) -> tuple:
         """The DB key: shapes exact except N (bucketed), sparsity statistics bucketed."""
@@ -58,7 +63,25 @@ class Problem:
             round(min(self.stats.items_cv, 4.0), 1),
             self.device,
             self.layout,
+            self.fp16_reduction,
         )
+
+
+_get_fp16_reduction = getattr(torch._C, "_get_cublas_allow_fp16_reduced_precision_reduction", None)
+
+
+def fp16_reduction(dtype) -> bool:
+    """Whether an fp16 matmul may reduce in fp16 now
+    (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default), False
+    for other dtypes (a torch.dtype or its name). Read on every call: the public property costs
+    ~1.4 us of host time, the getter behind it ~0.1 (a bool, or (allowed, split-K allowed) in newer
+    torch)."""
+    if dtype is not torch.float16 and dtype != "float16":
+        return False
+    if _get_fp16_reduction is None:
+        return bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    allowed = _get_fp16_reduction()
+    return bool(allowed[0] if isinstance(allowed, tuple) else allowed)
 
 
 def n_bucket(n: int) -> int:

@@ -11,7 +11,7 @@ import spartune as st
 from spartune.kernels import registry, spmm_csr_smem as K
 from spartune.formats._base import stats_from_counts
 from spartune.kernels._sliced_ell import sliced_ell, to_dense
-from spartune.tune.problem import Problem
+from spartune.tune.problem import Problem, fp16_reduction
 
 
 def random_csr(M, Kd, density, dtype=torch.float16, seed=0):
@@ -313,15 +313,25 @@ def test_space_cuts_k_evenly_where_its_widths_leave_a_short_last_slice(Kd):
 
 
 def test_fp16_sums_in_half_pairs_only_where_torch_allows_reduced_precision():
-    """HALF_SUMS follows torch's fp16 reduced-precision-reduction flag from 16 tokens a CTA, and
-    never applies to bf16; the model prices the lighter loop."""
+    """HALF_SUMS follows the problem's fp16 reduced-precision flag (torch's, read when the problem is
+    made) from 16 tokens a CTA, and never applies to bf16; the model prices the lighter loop."""
     cfg = K.Config(16, 1024, 8)
-    prob = Problem("linear", "csr", 256, 1024, 16, "float16", st.CSR.from_dense(torch.eye(256, 1024)).stats())
-    with helpers.fp16_reduced_precision(True):
-        assert dict(K._instance(cfg, torch.float16).defines).get("HALF_SUMS") == 1
-        assert "HALF_SUMS" not in dict(K._instance(K.Config(8, 1024, 8), torch.float16).defines)
-        assert "HALF_SUMS" not in dict(K._instance(cfg, torch.bfloat16).defines)
-        light = K.features(prob, cfg).fma_flops
-    with helpers.fp16_reduced_precision(False):
-        assert "HALF_SUMS" not in dict(K._instance(cfg, torch.float16).defines)
-        assert light == pytest.approx(K.HALF_SUMS_ISSUE * K.features(prob, cfg).fma_flops)
+    stats = st.CSR.from_dense(torch.eye(256, 1024)).stats()
+
+    def prob(dtype="float16", n=16, reduced=True):
+        return Problem("linear", "csr", 256, 1024, n, dtype, stats, fp16_reduction=reduced)
+
+    def half(problem, config):
+        (inst,) = K.instances(problem, config)
+        return dict(inst.defines).get("HALF_SUMS") == 1
+
+    assert half(prob(), cfg)
+    assert not half(prob(n=8), K.Config(8, 1024, 8))
+    assert not half(prob("bfloat16", reduced=False), cfg)
+    assert not half(prob(reduced=False), cfg)
+    light = K.features(prob(), cfg).fma_flops
+    assert light == pytest.approx(K.HALF_SUMS_ISSUE * K.features(prob(reduced=False), cfg).fma_flops)
+    for allowed in (True, False):  # what a launch reads
+        with helpers.fp16_reduced_precision(allowed):
+            assert K.half_sums(cfg, fp16_reduction(torch.float16)) is allowed
+            assert not K.half_sums(cfg, fp16_reduction(torch.bfloat16))

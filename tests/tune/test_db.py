@@ -94,6 +94,8 @@ def test_keys_never_cross_devices_or_versions(path):
         assert newer.get_best(newer.key(problem())) is None, name
     # N is bucketed: 1500 and 2048 share an entry, 16 does not
     assert db.key(problem(n=1500)) == db.key(problem(n=2048)) != db.key(problem(n=16))
+    # fp16 problems tuned with and without torch's reduced-precision reductions are kept apart
+    assert db.key(dataclasses.replace(problem(), fp16_reduction=True)) != db.key(problem())
 
 
 def test_default_versions_name_the_installed_stack(path):
