@@ -198,6 +198,7 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
 def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
     n_cap = max(8, 1 << math.ceil(math.log2(max(problem.n, 1))))
     hopper = problem.device.endswith("sm_90")  # clusters and bulk copies
+    one_wave = lambda bm: math.ceil(problem.m / bm) <= HOPPER_SMS  # noqa: E731
     out = []
     for bn in (8, 16, 32, 64, 128):
         if bn > n_cap:
@@ -217,11 +218,13 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                     whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)
                     # 2:4 on the ring with several tokens: clusters of 2 or 4 row blocks sharing x's chunks
                     clusters = (1, 2, 4) if stages == 3 and not gather and problem.n > 1 and hopper else (1,)
-                    if _warp_grid(cfg) is None:
+                    if _warp_grid(cfg) is None or warps > 8 and not (hopper and stages == 3 and one_wave(bm)):
                         continue
+                    # (16 warps: one CTA an SM with all of Hopper's shared memory for the ring)
+                    cap = SMEM_BYTES if stages == 2 else PIPE_SMEM if warps <= 8 else SMEM_LIMIT_HOPPER
                     for c in (dataclasses.replace(cfg, x_whole=w, cluster_m=m) for w in whole for m in clusters):
                         smem = _mma_smem_bytes(c, gather, problem.n, problem.k)
-                        if smem <= (SMEM_BYTES if stages == 2 else PIPE_SMEM) \
+                        if smem <= cap \
                                 and math.ceil(problem.m / (bm * c.cluster_m)) * c.cluster_m <= MAX_GRID_Y:
                             out.append(c)
     return out
@@ -233,8 +236,12 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
 # (LOG, session 17: 2:4 N = 1 25.1 us against 25.6, 64:2:8 16.4 against 18.8)
 # (16, 4, 2), (16, 8, 4), (32, 8, 2), (64, 8, 1): at 16 tokens, two warps split the tile's tokens
 # (8-token work per warp), sharing A's fragments on the ring (LOG, session 18)
+# (32, 16, 8) on Hopper's ring where the 32-row blocks fit one wave of SMs: one CTA an SM with the
+# ring's bytes in flight of two 8-warp ones (7B down at 16 tokens: two 8-warp CTAs an SM would need
+# 16-row blocks, staging x twice as often; with more row blocks than SMs it lost 10-25% to the
+# waves: LOG, session 26)
 _DECODE = [(16, 4, 4), (16, 8, 8), (32, 4, 2), (32, 4, 4), (32, 8, 4), (64, 4, 1), (64, 4, 2), (64, 8, 4),
-           (128, 4, 1), (128, 8, 2), (16, 4, 2), (16, 8, 4), (32, 8, 2), (64, 8, 1)]
+           (128, 4, 1), (128, 8, 2), (16, 4, 2), (16, 8, 4), (32, 8, 2), (64, 8, 1), (32, 16, 8)]
 
 
 def features(problem: Problem, config: Config) -> KernelFeatures:

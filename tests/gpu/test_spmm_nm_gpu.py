@@ -290,6 +290,34 @@ def test_decode_clusters_every_config(dtype, N):
     assert rel(out, reference(x4, w4)) <= TOL
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 7, 16])
+@pytest.mark.parametrize("pattern", ["2:4", "64:2:8"])
+def test_one_cta_an_sm_every_config(dtype, N, pattern):
+    """The 16-warp ring configs (one CTA an SM, up to 227 KB of ring; Hopper, where the row blocks
+    fit one wave): every one, clustered or not, x's rows whole or not; a K tail inside the 1024-wide
+    chunks, rows past M; then an epilogue and a graph replay."""
+    M, Kd = 1000, 1336
+    if pattern == "2:4":
+        w, A, x, bias, res = operands(M, Kd, N, dtype, 41)
+    else:
+        A = random_vnm(M, Kd, 64, 8, dtype, 41)
+        w, x = A.to_dense(), torch.randn(N, Kd, device="cuda", dtype=dtype)
+        bias, res = torch.randn(M, device="cuda", dtype=dtype), torch.randn(N, M, device="cuda", dtype=dtype)
+    configs = [c for c in configs_of(A, N, "mma") if c.num_warps == 16]
+    if not configs:
+        pytest.skip("16-warp configs need sm_90")
+    assert any(K._mma_smem_bytes(c, pattern != "2:4", N, Kd) > K.PIPE_SMEM for c in configs)
+    expect = reference(x, w)
+    for cfg in configs:
+        out = run(A, x, cfg)
+        assert not out.isnan().any(), cfg
+        assert rel(out, expect) <= TOL, cfg
+    out = run(A, x, configs[-1], bias=bias, residual=res, activation="silu")
+    assert rel(out, reference(x, w, bias, "silu", residual=res)) <= TOL
+    check_graph_replay(A, w, x.clone(), configs[0])
+
+
 # ---- both variants: epilogues, strides, CUDA graphs ----
 
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])

@@ -339,6 +339,23 @@ def test_decode_clusters_share_x_chunks_on_hopper_only():
                                             device="H100 sm_90")))
 
 
+def test_one_cta_an_sm_configs_only_where_the_row_blocks_fit_one_wave():
+    """16-warp ring configs (the ring past the two-CTA cap) on sm_90 only, where M's 32-row blocks
+    fit the H100's SMs in one wave (7B down, not 7B up); within Hopper's shared memory."""
+    A = st.NM.from_dense(random_2to4(256, 256, torch.float32), 2, 4)
+
+    def wide(m, n=16, device="H100 sm_90"):
+        prob = Problem("linear", "2:4", m, 11008, n, "float16", A.stats(), device=device)
+        return [c for c in K.space(prob) if c.num_warps > 8]
+
+    for n in (1, 16):
+        configs = wide(4096, n)
+        assert configs and all(c.bm == 32 and c.num_warps == 16 and c.stages == 3 for c in configs)
+        assert all(K._mma_smem_bytes(c, False, n, 11008) <= K.SMEM_LIMIT_HOPPER for c in configs)
+        assert any(K._mma_smem_bytes(c, False, n, 11008) > K.PIPE_SMEM for c in configs)
+    assert not wide(11008) and not wide(4096, device="") and wide(32 * K.HOPPER_SMS) and not wide(32 * K.HOPPER_SMS + 1)
+
+
 def test_compile_space_rejects_bad_input():
     from spartune import dispatch
 
