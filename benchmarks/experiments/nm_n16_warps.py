@@ -18,16 +18,13 @@ C = K.Config
 BASE = {"llama7b-down": ((4096, 11008), [C(32, 16, 8, 4, 4, stages=3, cluster_m=2)]),
         "llama13b-up": ((13824, 5120), [C(32, 16, 4, 2, 4, stages=3, cluster_m=4)]),
         "llama7b-up": ((11008, 4096), [C(32, 16, 8, 2, 4, stages=3, cluster_m=4)])}
-NEW = [C(32, 16, 16, 8, 4, stages=3, cluster_m=2)] \
-    + [C(32, 16, 16, 8, 2, stages=s, cluster_m=2) for s in (4, 5, 6)] \
-    + [C(32, 16, 24, 12, 2, stages=s, cluster_m=m) for s in (3, 4) for m in (1, 2)] \
-    + [C(32, 16, 32, 16, 2, stages=3, cluster_m=m) for m in (1, 2)] \
-    + [C(32, 16, 32, 16, 1, stages=s, cluster_m=2) for s in (4, 6)] \
-    + [C(32, 16, 16, 16, 2, stages=3, cluster_m=2)]  # (16 K warps, one row slice each: WARPS_MN 1)
+NEW = [C(128, 16, 16, 4, 2, stages=s, cluster_m=m) for s in (3, 4) for m in (1, 2)] \
+    + [C(128, 16, 16, 8, 1, stages=s, cluster_m=m) for s in (3, 4) for m in (1, 2)] \
+    + [C(64, 16, 16, 4, 4, stages=3, cluster_m=m) for m in (1, 2)]
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=3)
-ap.add_argument("--shapes", nargs="+", default=["llama7b-down"])
+ap.add_argument("--shapes", nargs="+", default=["llama13b-up", "llama7b-up"])
 args = ap.parse_args()
 out_dir = os.environ.get("OUT", "out")
 results = []
