@@ -345,6 +345,8 @@ def _tune(parser, args) -> int:
 
 def db_summary(path: Path) -> dict:
     """Counts of a tuning DB, read-only (no file is created)."""
+    from .tune.problem import KEY_FIELDS
+
     out = {"path": str(path), "exists": path.exists()}
     if not out["exists"]:
         return out
@@ -361,7 +363,7 @@ def db_summary(path: Path) -> dict:
             for key, backend in conn.execute("SELECT problem, backend FROM best"):
                 try:
                     prob = json.loads(key)[0]
-                    op, device = prob[0], prob[-1]
+                    op, device = prob[KEY_FIELDS.index("op")], str(prob[KEY_FIELDS.index("device")])
                 except (ValueError, IndexError, TypeError):
                     op, device = "?", "?"
                 by_op[op] = by_op.get(op, 0) + 1

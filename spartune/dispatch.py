@@ -18,7 +18,7 @@ from .epilogue import apply_prologue
 from .formats import SparseFormat
 from .kernels import registry
 from .tune.device import INTERPRETER_DEVICE
-from .tune.problem import Epilogue, Problem, fp16_reduction
+from .tune.problem import Epilogue, Problem
 
 _tuner = None
 _mode = os.environ.get("SPARTUNE_MODE", "fast")
@@ -100,8 +100,7 @@ def find_choice(A, n: int, dtype: str, op: str = "linear"):
 
 def linear_problem(A, n: int, dtype: str, layout: str = "linear") -> Problem:
     """The tuner's Problem for linear(x with n rows, A) without an epilogue."""
-    return Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device), layout,
-                   fp16_reduction(dtype))
+    return Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device), layout)
 
 
 def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
@@ -396,8 +395,7 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
     winner."""
     tuner = get_tuner()
     dtype_name = str(dtype).removeprefix("torch.")
-    problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout,
-                      fp16_reduction(dtype_name))
+    problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout)
     tol = reference.tolerance(dtype_name)
     dense_err = []  # the dense library's own error on this input, measured when first needed
 

@@ -108,7 +108,7 @@ def test_bench_quick_on_cpu_runs_the_correctness_pass(capsys, tmp_path):
     assert (tmp_path / "bench-quick-cpu.txt").read_text().startswith("CPU")
 
 
-def _fill_db():
+def _fill_db(today=False):
     db = TuningDB(versions=VERSIONS)
     key = json.dumps([["linear", "block:64x64", 4096, 4096, 2048, "float16", "none", 0.1, 0.0, "GPU sm_90"], VERSIONS])
     db.record(key, [{"backend": "blocked", "config": {"type": "Config", "fields": {"bn": 128}}, "seconds": 1e-5,
@@ -116,6 +116,16 @@ def _fill_db():
                     {"backend": "dense", "config": None, "seconds": None, "error": "boom", "predicted": 3e-5}],
               {"backend": "blocked", "config": {"type": "Config", "fields": {"bn": 128}}, "seconds": 1e-5,
                "predicted": 2e-5, "mode": "fast"})
+    if today:  # and a key of today's Problem (longer: layout, the fp16 flag) on the same device
+        import torch
+
+        from spartune.formats._base import stats_from_counts
+        from spartune.tune.problem import Problem
+
+        stats = stats_from_counts(4096, 4096, 4096 * 2048, 1, 1, torch.full((4096,), 2048))
+        prob = Problem("linear", "2:4", 4096, 4096, 16, "float16", stats, device="GPU sm_90", fp16_reduction=True)
+        db.record(db.key(prob), [{"backend": "nm", "config": None, "seconds": 1e-5, "error": None, "predicted": 2e-5}],
+                  {"backend": "nm", "config": None, "seconds": 1e-5, "predicted": 2e-5, "mode": "fast"})
     from spartune.tune.device import H100
 
     db.set_calibration("GPU sm_90", H100)
@@ -139,6 +149,11 @@ def test_info(capsys, monkeypatch, tmp_path):
     info = json.loads(capsys.readouterr().out)
     assert {"device", "versions", "db", "tuner_mode"} <= set(info)
     assert info["db"]["best"] == 1 and info["db"]["best_by_backend"] == {"blocked": 1}
+
+    monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(tmp_path / "both"))
+    _fill_db(today=True)  # keys of an older version and of today's: counted by device, not by their last entry
+    assert main(["info"]) == 0
+    assert "2 on GPU sm_90" in capsys.readouterr().out
 
 
 def test_db_summary_of_a_foreign_file(tmp_path):

@@ -32,6 +32,7 @@ from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
 from ..formats import VNM, memo
+from ..tune.device import H100
 from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
@@ -198,7 +199,13 @@ def _wgmma_space(problem: Problem, v: int = 0) -> list[Config]:
 def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
     n_cap = max(8, 1 << math.ceil(math.log2(max(problem.n, 1))))
     hopper = problem.device.endswith("sm_90")  # clusters and bulk copies
-    one_wave = lambda bm: math.ceil(problem.m / bm) <= HOPPER_SMS  # noqa: E731
+
+    def one_wave(c: Config) -> bool:
+        """Whether the CTAs (one an SM) all run at once on the H100: row blocks in whole clusters,
+        times token strips, against the clusters its GPCs place."""
+        ctas = math.ceil(problem.m / (c.bm * c.cluster_m)) * c.cluster_m * math.ceil(max(problem.n, 1) / c.bn)
+        return ctas <= H100.cluster_ctas(c.cluster_m, 1)
+
     out = []
     for bn in (8, 16, 32, 64, 128):
         if bn > n_cap:
@@ -218,11 +225,13 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                     whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)
                     # 2:4 on the ring with several tokens: clusters of 2 or 4 row blocks sharing x's chunks
                     clusters = (1, 2, 4) if stages == 3 and not gather and problem.n > 1 and hopper else (1,)
-                    if _warp_grid(cfg) is None or warps > 8 and not (hopper and stages == 3 and one_wave(bm)):
+                    if _warp_grid(cfg) is None or warps > 8 and not (hopper and stages == 3):
                         continue
                     # (16 warps: one CTA an SM with all of Hopper's shared memory for the ring)
                     cap = SMEM_BYTES if stages == 2 else PIPE_SMEM if warps <= 8 else SMEM_LIMIT_HOPPER
                     for c in (dataclasses.replace(cfg, x_whole=w, cluster_m=m) for w in whole for m in clusters):
+                        if warps > 8 and not one_wave(c):
+                            continue
                         smem = _mma_smem_bytes(c, gather, problem.n, problem.k)
                         if smem <= cap \
                                 and math.ceil(problem.m / (bm * c.cluster_m)) * c.cluster_m <= MAX_GRID_Y:
@@ -236,7 +245,7 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
 # (LOG, session 17: 2:4 N = 1 25.1 us against 25.6, 64:2:8 16.4 against 18.8)
 # (16, 4, 2), (16, 8, 4), (32, 8, 2), (64, 8, 1): at 16 tokens, two warps split the tile's tokens
 # (8-token work per warp), sharing A's fragments on the ring (LOG, session 18)
-# (32, 16, 8) on Hopper's ring where the 32-row blocks fit one wave of SMs: one CTA an SM with the
+# (32, 16, 8) on Hopper's ring where its CTAs fit one wave of SMs: one CTA an SM with the
 # ring's bytes in flight of two 8-warp ones (7B down at 16 tokens: two 8-warp CTAs an SM would need
 # 16-row blocks, staging x twice as often; with more row blocks than SMs it lost 10-25% to the
 # waves: LOG, session 26)

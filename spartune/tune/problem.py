@@ -45,12 +45,19 @@ class Problem:
     epilogue: Epilogue = Epilogue()
     device: str = ""  # device name + capability; filled in by the dispatch point
     layout: str = "linear"  # "linear": x (N, K) K-contiguous; "spmm": x = X.T, tokens contiguous
-    # torch's fp16 reduced-precision flag at tuning time (fp16 only): cuBLAS's speed and csr_smem's
-    # sums follow it, so a choice tuned under one setting is not served under the other
-    fp16_reduction: bool = False
+    # torch's fp16 reduced-precision flag (`fp16_reduction`) for linear's fp16 problems, read when the
+    # Problem is made unless given: cuBLAS's speed and csr_smem's sums follow it, so a choice tuned
+    # under one setting is not served under the other; False for other dtypes and ops
+    fp16_reduction: bool | None = None
+
+    def __post_init__(self):
+        flag = self.fp16_reduction
+        flag = fp16_reduction(self.dtype) if flag is None and self.op == "linear" else bool(flag)
+        object.__setattr__(self, "fp16_reduction", flag and self.dtype == "float16")
 
     def key(self) -> tuple:
-        """The DB key: shapes exact except N (bucketed), sparsity statistics bucketed."""
+        """The DB key (its fields named by KEY_FIELDS): shapes exact except N (bucketed), sparsity
+        statistics bucketed."""
         return (
             self.op,
             self.fmt,
@@ -82,6 +89,11 @@ def fp16_reduction(dtype) -> bool:
         return bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
     allowed = _get_fp16_reduction()
     return bool(allowed[0] if isinstance(allowed, tuple) else allowed)
+
+
+# Problem.key()'s entries by position; stored keys of older versions end earlier (no layout, no
+# fp16_reduction), so readers of stored keys (`spartune info`) index by name, not from the end
+KEY_FIELDS = ("op", "fmt", "m", "k", "n", "dtype", "epilogue", "density", "items_cv", "device", "layout", "fp16_reduction")
 
 
 def n_bucket(n: int) -> int:

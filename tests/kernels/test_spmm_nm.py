@@ -339,9 +339,10 @@ def test_decode_clusters_share_x_chunks_on_hopper_only():
                                             device="H100 sm_90")))
 
 
-def test_one_cta_an_sm_configs_only_where_the_row_blocks_fit_one_wave():
-    """16-warp ring configs (the ring past the two-CTA cap) on sm_90 only, where M's 32-row blocks
-    fit the H100's SMs in one wave (7B down, not 7B up); within Hopper's shared memory."""
+def test_one_cta_an_sm_configs_only_where_their_ctas_fit_one_wave():
+    """16-warp ring configs (the ring past the two-CTA cap) on sm_90 only, where their CTAs (row
+    blocks in whole clusters, times token strips) fit the H100 in one wave (7B down, not 7B up);
+    within Hopper's shared memory."""
     A = st.NM.from_dense(random_2to4(256, 256, torch.float32), 2, 4)
 
     def wide(m, n=16, device="H100 sm_90"):
@@ -354,6 +355,9 @@ def test_one_cta_an_sm_configs_only_where_the_row_blocks_fit_one_wave():
         assert all(K._mma_smem_bytes(c, False, n, 11008) <= K.SMEM_LIMIT_HOPPER for c in configs)
         assert any(K._mma_smem_bytes(c, False, n, 11008) > K.PIPE_SMEM for c in configs)
     assert not wide(11008) and not wide(4096, device="") and wide(32 * K.HOPPER_SMS) and not wide(32 * K.HOPPER_SMS + 1)
+    # at 16 tokens: no 8-token strips (256 CTAs), no clusters of 4 (the GPCs place 30 of them: 120 CTAs)
+    assert {(c.bn, c.cluster_m) for c in wide(4096)} == {(16, 1), (16, 2)}
+    assert {c.cluster_m for c in wide(3840)} == {1, 2, 4}
 
 
 def test_compile_space_rejects_bad_input():

@@ -11,7 +11,7 @@ from spartune.formats import FormatStats
 from spartune.tune import db as dbmod
 from spartune.tune.db import SCHEMA_VERSION, TuningDB
 from spartune.tune.device import H100
-from spartune.tune.problem import Problem
+from spartune.tune.problem import KEY_FIELDS, Problem
 
 VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0", "kernels": "0123abcd",
             "measure": "cold-replay"}
@@ -94,8 +94,22 @@ def test_keys_never_cross_devices_or_versions(path):
         assert newer.get_best(newer.key(problem())) is None, name
     # N is bucketed: 1500 and 2048 share an entry, 16 does not
     assert db.key(problem(n=1500)) == db.key(problem(n=2048)) != db.key(problem(n=16))
+    assert len(problem().key()) == len(KEY_FIELDS)  # (what `spartune info` reads stored keys by)
     # fp16 problems tuned with and without torch's reduced-precision reductions are kept apart
-    assert db.key(dataclasses.replace(problem(), fp16_reduction=True)) != db.key(problem())
+    assert db.key(dataclasses.replace(problem(), fp16_reduction=True)) != db.key(dataclasses.replace(problem(), fp16_reduction=False))
+
+
+def test_problems_read_torchs_fp16_flag_when_made():
+    """linear's fp16 problems carry torch's reduced-precision flag as it is when they are made (or
+    as given); other dtypes and ops never do."""
+    import helpers
+
+    for allowed in (True, False):
+        with helpers.fp16_reduced_precision(allowed):
+            assert problem().fp16_reduction is allowed
+            assert not dataclasses.replace(problem(), dtype="bfloat16").fp16_reduction
+            assert not dataclasses.replace(problem(), op="sddmm", fp16_reduction=None).fp16_reduction
+        assert dataclasses.replace(problem(), fp16_reduction=allowed).fp16_reduction is allowed
 
 
 def test_default_versions_name_the_installed_stack(path):
