@@ -130,7 +130,7 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
     key = (x2.shape[0], dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
            x2.stride(1) == 1, out.stride(1) == 1, None if prologue is None else (prologue[0].dtype, input_activation),
-           dtype is torch.float16 and fp16_reduction(dtype))
+           fp16_reduction(dtype))
     launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x2, out, bias, activation, res2, scale,
                                                            prologue)
     out = launch(A, x2, out, bias, activation, res2, scale, prologue)
@@ -148,7 +148,7 @@ def spmm(A, X, *, out_dtype=None):
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
     x, out = X.T, Y.T
     key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1, out.stride(1) == 1, None,
-           x.dtype is torch.float16 and fp16_reduction(x.dtype))
+           fp16_reduction(x.dtype))
     launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x, out, None, None, None, 1.0)
     got = launch(A, x, out, None, None, None, 1.0)
     if got.data_ptr() != Y.data_ptr():  # a library backend returned its own tensor
