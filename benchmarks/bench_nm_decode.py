@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--no-space", action="store_true", help="the tuned call against cuBLAS only, no sweep of the space")
     ap.add_argument("--rounds", type=int, default=1, help="tuned and cuBLAS timed in turns, the median of this many pairs")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     rows = each_problem(SHAPES, args, lambda name, M, Kd, n, pattern: run_case(name, M, Kd, n, dtype, pattern,

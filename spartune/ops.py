@@ -13,7 +13,7 @@ from .dispatch import get_tuner, set_mode  # noqa: F401  (the tuner of this proc
 from .epilogue import check_activation
 from .formats import CSR, BlockSparse, SparseFormat
 from .reference import TOLERANCE
-from .tune.problem import fp16_reduction
+from .tune.problem import fp16_reduction_allowed
 
 # float64 runs torch's dense product (references, gradcheck); the others run the tuned kernels
 _DTYPES = (*(getattr(torch, name) for name in TOLERANCE), torch.float64)
@@ -130,7 +130,7 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     res2 = residual if residual is None or flat else residual.reshape(-1, M)
     key = (x2.shape[0], dtype, out.dtype, bias is not None, activation, residual is not None, scale != 1.0,
            x2.stride(1) == 1, out.stride(1) == 1, None if prologue is None else (prologue[0].dtype, input_activation),
-           fp16_reduction(dtype))
+           fp16_reduction_allowed(dtype))
     launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x2, out, bias, activation, res2, scale,
                                                            prologue)
     out = launch(A, x2, out, bias, activation, res2, scale, prologue)
@@ -148,7 +148,7 @@ def spmm(A, X, *, out_dtype=None):
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
     x, out = X.T, Y.T
     key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1, out.stride(1) == 1, None,
-           fp16_reduction(x.dtype))
+           fp16_reduction_allowed(x.dtype))
     launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x, out, None, None, None, 1.0)
     got = launch(A, x, out, None, None, None, 1.0)
     if got.data_ptr() != Y.data_ptr():  # a library backend returned its own tensor

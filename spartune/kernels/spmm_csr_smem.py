@@ -32,7 +32,7 @@ from ._sliced_ell import SLOTS_PER_LOAD, drop_sliced_ell, memo_key, sliced_ell
 from ._common import arrival_counters, next_pow2
 from .cuda.epilogue import check_operands, epilogue_args, or_null
 from ..formats import CSR
-from ..tune.problem import KernelFeatures, Problem, fp16_reduction
+from ..tune.problem import KernelFeatures, Problem, fp16_reduction_allowed
 
 DTYPES = ("float16", "bfloat16")
 TOKEN_TILES = (8, 16, 32)
@@ -263,7 +263,7 @@ _kernels: dict[tuple, object] = {}
 
 
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
-    half = half_sums(config, fp16_reduction(dtype))  # (read once: the key and the instance agree)
+    half = half_sums(config, fp16_reduction_allowed(dtype))  # (read once: the key and the instance agree)
     key = (config, dtype, device.index, half)
     kernel = _kernels.get(key)
     if kernel is None:
@@ -271,7 +271,7 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     return kernel
 
 
-def half_sums(config: Config, fp16_reduction_allowed: bool) -> bool:
+def half_sums(config: Config, allowed: bool) -> bool:
     """Whether fp16 products are summed in fp16 pairs, 4 nonzeros at a time, before the fp32 sums:
     where torch allows reduced-precision reductions in fp16 matmuls
     (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default; cuBLAS
@@ -280,7 +280,7 @@ def half_sums(config: Config, fp16_reduction_allowed: bool) -> bool:
     lost 1-3% (LOG, session 24). Relative error ~4e-4 against ~2e-4 with fp32 sums; a 4-product
     partial past 65504 overflows where fp32 sums would not. The tuning key holds the flag
     (Problem.fp16_reduction), and the launch reads it again (the key and the kernel agree)."""
-    return config.nt >= HALF_SUMS_MIN_TOKENS and fp16_reduction_allowed
+    return config.nt >= HALF_SUMS_MIN_TOKENS and allowed
 
 
 def _instance(config: Config, dtype: torch.dtype, half: bool):

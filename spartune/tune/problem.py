@@ -45,14 +45,14 @@ class Problem:
     epilogue: Epilogue = Epilogue()
     device: str = ""  # device name + capability; filled in by the dispatch point
     layout: str = "linear"  # "linear": x (N, K) K-contiguous; "spmm": x = X.T, tokens contiguous
-    # torch's fp16 reduced-precision flag (`fp16_reduction`) for linear's fp16 problems, read when the
+    # torch's fp16 reduced-precision flag (`fp16_reduction_allowed`) for linear's fp16 problems, read when the
     # Problem is made unless given: cuBLAS's speed and csr_smem's sums follow it, so a choice tuned
     # under one setting is not served under the other; False for other dtypes and ops
     fp16_reduction: bool | None = None
 
     def __post_init__(self):
         flag = self.fp16_reduction
-        flag = fp16_reduction(self.dtype) if flag is None and self.op == "linear" else bool(flag)
+        flag = fp16_reduction_allowed(self.dtype) if flag is None and self.op == "linear" else bool(flag)
         object.__setattr__(self, "fp16_reduction", flag and self.dtype == "float16")
 
     def key(self) -> tuple:
@@ -77,7 +77,7 @@ class Problem:
 _get_fp16_reduction = getattr(torch._C, "_get_cublas_allow_fp16_reduced_precision_reduction", None)
 
 
-def fp16_reduction(dtype) -> bool:
+def fp16_reduction_allowed(dtype) -> bool:
     """Whether an fp16 matmul may reduce in fp16 now
     (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default), False
     for other dtypes (a torch.dtype or its name). Read on every call: the public property costs

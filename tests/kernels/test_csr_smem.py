@@ -11,7 +11,7 @@ import spartune as st
 from spartune.kernels import registry, spmm_csr_smem as K
 from spartune.formats._base import stats_from_counts
 from spartune.kernels._sliced_ell import sliced_ell, to_dense
-from spartune.tune.problem import Problem, fp16_reduction
+from spartune.tune.problem import Problem, fp16_reduction_allowed
 
 
 def random_csr(M, Kd, density, dtype=torch.float16, seed=0):
@@ -333,5 +333,5 @@ def test_fp16_sums_in_half_pairs_only_where_torch_allows_reduced_precision():
     assert light == pytest.approx(K.HALF_SUMS_ISSUE * K.features(prob(reduced=False), cfg).fma_flops)
     for allowed in (True, False):  # what a launch reads
         with helpers.fp16_reduced_precision(allowed):
-            assert K.half_sums(cfg, fp16_reduction(torch.float16)) is allowed
-            assert not K.half_sums(cfg, fp16_reduction(torch.bfloat16))
+            assert K.half_sums(cfg, fp16_reduction_allowed(torch.float16)) is allowed
+            assert not K.half_sums(cfg, fp16_reduction_allowed(torch.bfloat16))
