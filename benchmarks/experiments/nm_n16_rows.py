@@ -24,6 +24,12 @@ TALL = [C(64, 16, 16, 4, 4, stages=3, cluster_m=m) for m in (1, 2, 4)] \
     + [C(64, 16, 8, 2, 4, stages=3, cluster_m=m) for m in (2, 4)] \
     + [C(48, 16, 12, 4, 4, stages=s, cluster_m=m) for s in (3, 4) for m in (2, 4)] \
     + [C(48, 16, 24, 8, 2, stages=3, cluster_m=m) for m in (2, 4)]
+# second run (--tall48): row blocks of 48 in clusters of 3 and 4, stages and K steps
+TALL48 = [C(48, 16, 12, 4, 4, stages=4, cluster_m=m) for m in (2, 3, 4)] \
+    + [C(48, 16, 12, 4, 2, stages=s, cluster_m=m) for s in (5, 6) for m in (3, 4)] \
+    + [C(48, 16, 24, 8, 2, stages=4, cluster_m=m) for m in (3, 4)] \
+    + [C(48, 16, 24, 4, 4, stages=4, cluster_m=m) for m in (3, 4)]
+ABLATED_TOO = [C(48, 16, 12, 4, 4, stages=4, cluster_m=4)]
 
 orig_instance, plain_kernels, ablated_kernels = K._instance, K._kernels, {}
 
@@ -45,6 +51,7 @@ def run(A, x, out, cfg, ablate):
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--shapes", nargs="+", default=list(PICKS))
+ap.add_argument("--tall48", action="store_true", help="the second run's set (7B down only)")
 args = ap.parse_args()
 out_dir = os.environ.get("OUT", "out")
 results = []
@@ -57,7 +64,9 @@ for name in args.shapes:
     out = torch.empty(16, M, device="cuda", dtype=torch.float16)
     ref = F.linear(x.double(), A.to_dense().double())
     cands = {}
-    for cfg, abl in [(pick, False), (pick, True)] + [(c, False) for c in (TALL if name == "llama7b-down" else [])]:
+    tall = (TALL48 if args.tall48 else TALL) if name == "llama7b-down" else []
+    for cfg, abl in [(pick, False), (pick, True)] + [(c, False) for c in tall] \
+            + [(c, True) for c in ABLATED_TOO if args.tall48 and c in tall]:
         try:
             out.fill_(float("nan"))
             run(A, x, out, cfg, abl)
@@ -83,4 +92,4 @@ for name in args.shapes:
               f"cm{cfg.cluster_m} smem {K._mma_smem_bytes(cfg, False, 16, Kd) // 1024} KB {tag}")
         results.append({"shape": name, "config": str(cfg), "ablate_x": abl, "us": [t * 1e6 for t in ts],
                         "dense_us": d * 1e6})
-json.dump(results, open(os.path.join(out_dir, "nm_n16_rows.json"), "w"), indent=1)
+json.dump(results, open(os.path.join(out_dir, "nm_n16_rows%s.json" % ("_48" if args.tall48 else "")), "w"), indent=1)
