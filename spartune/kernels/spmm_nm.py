@@ -552,7 +552,7 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
     vnm = isinstance(A, VNM)
     if vnm and A.v % config.bm:
         raise ValueError(f"a V:N:M tile must stay in one block of {A.v} rows, got bm={config.bm}")
-    if config.cluster_m > 1 and (vnm or config.stages < 3 or config.cluster_m not in (2, 3, 4, 8)):
+    if config.cluster_m > 1 and (vnm or config.stages < 3 or config.cluster_m not in (2, 4, 8)):
         raise ValueError(f"an mma cluster of 2, 4 or 8 row blocks shares 2:4's x chunks on the cp.async ring "
                          f"(stages >= 3), got {config}")
     x_vec = int(not vnm and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)

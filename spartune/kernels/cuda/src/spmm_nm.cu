@@ -307,10 +307,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(chunk % PIPE));
 #if CLUSTER_M > 1  // this CTA's rows of the chunk (rank, + CLUSTER_M, ...) into every CTA of the cluster
     const int k0 = chunk * KC, kb = min(KC, K - k0), st = chunk % PIPE;
-#ifdef ABLATE_X  // (probe: no x traffic; results wrong)
-    if (tid == 0) spartune::mbar_arrive_expect_tx(&full[st], 0);
-    if (true) return;
-#endif
     if (tid == 0) spartune::mbar_arrive_expect_tx(&full[st], x_rows * kb * 2);
     if (kb < KC) {  // the K tail: zeros past K (this stage's earlier chunk left its columns there)
       for (int e = tid; e < BN * (KC - kb); e += THREADS) xs_s[(e / (KC - kb)) * XS_STRIDE + kb + e % (KC - kb)] = 0;
@@ -339,9 +335,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
             make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
 #else
         const int k0 = chunk * KC, n = v / (KC / 8), kk = (v % (KC / 8)) * 8;
-#ifdef ABLATE_X
-        if (true) continue;
-#endif
         const bool in = n_cta + n < N && k0 + kk < K;
         const int bytes = !in ? 0 : K - k0 - kk >= 8 ? 16 : 2 * (K - k0 - kk);  // the K tail zero-filled
         cp_async16(xs_s + n * XS_STRIDE + kk, in ? x + (long long)(n_cta + n) * sxn + k0 + kk : x, bytes);
