@@ -213,6 +213,7 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
     st.chosen[key] = choice
     for family in registry.families("linear", A):
         family.release_unused(A, [c.config for c in st.chosen.values() if c.backend == family.name])
+    backends.release_unused(A, {c.backend for c in st.chosen.values()})
     launch = launcher(A, choice.backend, choice.config)
     family = registry.by_name(choice.backend)
     # Triton's launch from Python costs more host time than a decode kernel runs: replay those

@@ -446,6 +446,27 @@ def test_the_ell_copy_is_kept_only_while_a_choice_runs_on_it(monkeypatch):
     check_close(st.linear(x, A), ref.linear(x, A), torch.float32)
 
 
+def test_library_copies_stay_only_while_a_choice_reads_them(monkeypatch):
+    # timing the baselines converts the weight (a dense copy, torch's CSR, ...): kept, a sparse
+    # weight would hold several times its dense size; they stay only while a chosen backend reads them
+    from spartune import backends
+    A = make_format("csr")
+    fastest = {"backend": "csr"}
+    tuner = Tuner(None, H100, mode="exhaustive",
+                  measurer=lambda c, bound: 1e-6 if c.backend == fastest["backend"] else 1e-3)
+    monkeypatch.setattr(dispatch, "_tuner", tuner)
+    backends.dense_weight(A)  # as the baselines' timing leaves it
+    torch_csr = backends._common.cached(A, "cusparse", lambda: backends.cusparse.torch_sparse(A))
+    assert torch_csr is not None
+    g = _gen(31)
+    for n, backend, kept in ((3, "csr", False), (4, "dense", True), (5, "csr", True)):
+        fastest["backend"] = backend
+        x = torch.randn(n, K, generator=g)
+        check_close(st.linear(x, A), ref.linear(x, A), torch.float32)
+        assert ("_backend_dense" in A.__dict__) == kept, (n, backend)
+        assert "_backend_cusparse" not in A.__dict__
+
+
 def test_cached_choices_are_dropped_with_the_weight():
     A = make_format("csr")
     st.linear(torch.randn(3, K), A)

@@ -23,7 +23,10 @@ def memos(model):
     seen = set()
 
     def walk(obj, key):
-        if torch.is_tensor(obj):
+        if torch.is_tensor(obj) and obj.layout != torch.strided:  # torch's CSR / BSR
+            for part in (obj.values(), obj.crow_indices(), obj.col_indices()):
+                walk(part, key)
+        elif torch.is_tensor(obj):
             p = obj.untyped_storage().data_ptr()
             if p not in seen:
                 seen.add(p)

@@ -17,7 +17,7 @@ from .cusparse import cusparse_linear
 from .cusparselt import cusparselt_linear, cusparselt_search_linear
 from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, value_order
 
-__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
+__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "release_unused", "MEMOS", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
            "cusparselt_search_linear", "REPLAY_OWN_GRAPHS",
            "dense_sddmm", "dense_softmax", "value_order"]
 
@@ -26,6 +26,21 @@ __all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backend
 # called (inside its capture they would run the bare product, ~10 us less than their real call
 # at decode, and win where they lose)
 REPLAY_OWN_GRAPHS = frozenset({"cusparselt", "cusparselt_search"})
+
+
+# The conversions (`_common.cached` names) each library backend reads: the tuner times every
+# backend on each new shape, and what the chosen ones do not read is dropped (`release_unused`)
+MEMOS = {"dense": ("dense",), "cusparse": ("cusparse",), "cusparselt": ("cslt_compressed", "cslt_graphs"),
+         "cusparselt_search": ("cslt_compressed", "cslt_search", "cslt_graphs")}
+
+
+def release_unused(A: SparseFormat, chosen) -> None:
+    """Drop the library conversions of A (a dense copy, torch's CSR, cuSPARSELt's compressed copy
+    and graphs) that no backend named in `chosen` reads: made to time the baselines, kept they
+    would make a sparse weight hold several times its dense size."""
+    keep = {f"_backend_{what}" for name in chosen for what in MEMOS.get(name, ())}
+    for key in [k for k in A.__dict__ if k.startswith("_backend_") and k not in keep]:
+        del A.__dict__[key]
 
 
 def library_backends(A: SparseFormat) -> dict:

@@ -154,14 +154,18 @@ def ceil_div(a: int, b: int) -> int:
 PATTERN_CACHES = {"_stats", "_spec"}
 
 
-def memo(A, key: str, make, *, of_values: bool = True):
+def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):
     """`make()` memoised on the format object `A` under `key`. A memo built from the values
     (`of_values`, the default: a dense copy, a packed layout) is made again once they change in
     place (an optimizer step, `A.values.mul_`); one of the pattern alone is kept, and carried
-    to the same pattern with new values (PATTERN_CACHES)."""
+    to the same pattern with new values (PATTERN_CACHES). `keep=False`: the memo if there is a
+    current one, else `make()` unstored (a step towards another layout need not stay in memory)."""
     version = A.values._version if of_values else None
     entry = A.__dict__.get(key)
     if entry is None or entry[0] != version:
+        if not keep:
+            with torch.no_grad():
+                return make()
         if not of_values:
             PATTERN_CACHES.add(key)
         with torch.no_grad():  # a memo is a copy for the kernels, never part of an autograd graph

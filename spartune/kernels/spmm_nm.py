@@ -357,15 +357,19 @@ def available(device) -> bool:
 _META_LANES = [4 * g + h for g in range(8) for h in range(2)]
 
 
-def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def packed(A, keep: bool = True) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(values (Mt, Kt, 32, 8), metadata (Mt, Kt, 16) int32, Mt, Kt) in mma.sp's register order,
     built once per weight (and values version): rows padded to 16 and K to 32 with zeros. For
-    V:N:M, K is that of the 2:4 matrix over the kept columns (4 per M-column block)."""
+    V:N:M, K is that of the 2:4 matrix over the kept columns (4 per M-column block).
+    keep=False: not memoised (the wgmma packing starts from it)."""
     if isinstance(A, VNM):
-        return memo(A, "_nm_packed", lambda: _pack(A, A.col_blocks * 4))
+        return memo(A, _MMA_KEY, lambda: _pack(A, A.col_blocks * 4), keep=keep)
     if (A.n, A.m) != (2, 4):
         raise ValueError(f"spmm_nm runs 2:4 and V:N:M weights, got {A.n}:{A.m}")
-    return memo(A, "_nm_packed", lambda: _pack(A, A.shape[1]))
+    return memo(A, _MMA_KEY, lambda: _pack(A, A.shape[1]), keep=keep)
+
+
+_MMA_KEY = "_nm_packed"
 
 
 def column_map(A: VNM) -> torch.Tensor:
@@ -398,7 +402,7 @@ def _pack(A, cols: int):
     return v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt
 
 
-def packed_wgmma(A, bm: int, cluster_m: int = 1) -> tuple[torch.Tensor, torch.Tensor, int]:
+def packed_wgmma(A, bm: int, cluster_m: int = 1, as_24: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(values, metadata, K stages) for the wgmma variant with BM = bm, each (bm rows, 64 of K)
     stage one contiguous run of values and one of metadata, which the kernel's producer moves
     with one bulk copy each: the values as the tensor cores read them from shared memory, per
@@ -406,19 +410,21 @@ def packed_wgmma(A, bm: int, cluster_m: int = 1) -> tuple[torch.Tensor, torch.Te
     128 contiguous bytes, the two along K adjacent, the 8-row groups 256 B apart); the metadata
     in mma.sp's register order, (K step, 16-row tile, 16 words). Rows pad to bm x cluster_m (a
     cluster's row blocks) and K to 128, an even number of stages (zero values, valid metadata):
-    the kernel alternates two metadata register sets between stages."""
-    return memo(A, _packed_key(bm, cluster_m), lambda: _pack_wgmma(A, bm, cluster_m))
+    the kernel alternates two metadata register sets between stages. as_24: a V:N:M weight's, run
+    as the 2:4 matrix it also is (`as_2to4`, a copy made for the packing and not kept)."""
+    make = (lambda: _pack_wgmma(as_2to4(A), bm, cluster_m)) if as_24 else lambda: _pack_wgmma(A, bm, cluster_m)
+    return memo(A, _packed_key(bm, cluster_m, as_24), make)
 
 
-def _packed_key(bm: int, cluster_m: int) -> str:
-    return f"_nm_wgmma_packed_{bm}_{cluster_m}"
+def _packed_key(bm: int, cluster_m: int, as_24: bool = False) -> str:
+    return f"_nm_wgmma{'_as24' if as_24 else ''}_packed_{bm}_{cluster_m}"
 
 
 _META_ZERO = 0x44444444  # positions (0, 1) in every group: valid metadata for zero values
 
 
 def _pack_wgmma(A, bm: int, cluster_m: int):
-    values, meta, mt, kt = packed(A)
+    values, meta, mt, kt = packed(A, keep=False)
     tiles, ksteps = bm // 16, WGMMA_BK // 32
     mt_pad = math.ceil(mt / (tiles * cluster_m)) * tiles * cluster_m
     kt_pad = math.ceil(kt / (2 * ksteps)) * 2 * ksteps  # stages in pairs
@@ -451,37 +457,34 @@ def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> tuple[torch.Tensor, int]
 
 
 def release_unused(A, configs) -> None:
-    """Each BM of the wgmma variant keeps its own copy of the packed weight (and a V:N:M weight
-    its 2:4 copy): drop the copies no chosen config reads."""
-    wgmma = [c for c in configs if isinstance(c, Config) and c.variant == "wgmma"]
-    if isinstance(A, VNM):
-        if not any(c.as_24 for c in wgmma):
-            A.__dict__.pop(_AS_24_KEY, None)
-        elif _AS_24_KEY in A.__dict__:  # (the memo's entry: trimmed as it is, never rebuilt here)
-            release_unused(A.__dict__[_AS_24_KEY][1], [_as_plain_24(c) for c in wgmma if c.as_24])
-        wgmma = [c for c in wgmma if not c.as_24]
-        if not wgmma:  # no gather chosen: its column maps go too
-            for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")]:
-                del A.__dict__[key]
-    kept = {_packed_key(c.bm, c.cluster_m) for c in wgmma}
-    for key in [k for k in A.__dict__ if k.startswith("_nm_wgmma_packed_") and k not in kept]:
+    """The tuner's measurements pack the weight for every variant they time (the mma packing,
+    one wgmma packing per BM and cluster, V:N:M's maps and its as_24 packings): only what a
+    chosen config reads stays, or a sparse weight would hold more than its dense size."""
+    keep = set()
+    for c in configs:
+        if not isinstance(c, Config):
+            continue
+        if c.variant != "wgmma":
+            keep |= {_MMA_KEY, "_nm_column_map"}
+        else:
+            keep.add(_packed_key(c.bm, c.cluster_m, c.as_24))
+            if isinstance(A, VNM) and not c.as_24:  # the gather's column maps
+                keep |= {k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")}
+    for key in [k for k in A.__dict__ if k.startswith("_nm_") and k not in keep]:
         del A.__dict__[key]
-
-
-_AS_24_KEY = "_nm_as_2to4"
 
 
 def as_2to4(A: VNM):
     """A V:N:M weight with M a multiple of 4 as a 2:4 NM one over all of K (exact: each group of 4
-    columns lies in one M-column block, where a row holds 2 nonzeros), built once per weight and
-    values version."""
+    columns lies in one M-column block, where a row holds 2 nonzeros): the source of its as_24
+    packings."""
     from ..formats import NM
 
     if not isinstance(A, VNM):
         raise ValueError(f"as_24 runs a V:N:M weight as 2:4; this one is {A.signature}")
     if A.m % 4:
         raise ValueError(f"a {A.signature} weight is no 2:4 one: its {A.m}-column blocks straddle groups of 4")
-    return memo(A, _AS_24_KEY, lambda: NM.from_dense(A.to_dense(), 2, 4))
+    return NM.from_dense(A.to_dense(), 2, 4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -536,9 +539,11 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     if x.shape[0] == 0 or A.shape[0] == 0:
         return out
     epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
+    if config.as_24 and config.variant != "wgmma":
+        raise ValueError(f"as_24 runs a V:N:M weight on the wgmma variant, got {config}")
     if config.as_24:
-        A, config = as_2to4(A), _as_plain_24(config)
-    if config.variant == "wgmma":
+        _launch_wgmma(A, x, out, _as_plain_24(config), epilogue, as_24=True)
+    elif config.variant == "wgmma":
         _launch_wgmma(A, x, out, config, epilogue)
     else:
         _launch_mma(A, x, out, config, epilogue)
@@ -586,15 +591,16 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
 _NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand
 
 
-def _launch_wgmma(A, x, out, config: Config, epilogue: tuple) -> None:
-    vnm = isinstance(A, VNM)
+def _launch_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False) -> None:
+    """as_24: A (V:N:M) runs as the 2:4 matrix it also is, from its as_24 packing."""
+    vnm = isinstance(A, VNM) and not as_24
     boxes = wgmma_boxes(config, A.v) if vnm else 0
     if vnm and not boxes:
         raise ValueError(f"a V:N:M wgmma tile covers one block of {A.v} rows or two halves, got bm={config.bm}")
     M, N = A.shape[0], x.shape[0]
     if vnm and A.shape[1] * (-(-N // 8) * 8) >= 2**31:
         raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
-    values, meta, stages_k = packed_wgmma(A, config.bm, config.cluster_m)
+    values, meta, stages_k = packed_wgmma(A, config.bm, config.cluster_m, as_24)
     if vnm:
         xt, ldx, n_alloc = _tokens_major(x)
         (cols, full_stages), x_map, v_rows = wgmma_column_map(A, stages_k, config.bm), _NO_TENSOR_MAP, A.v

@@ -385,8 +385,32 @@ def test_vnm_as_24_is_the_same_matrix_and_runs_2to4_configs(pattern):
     for c in as_24[:3]:
         assert K.features(prob, c) == K.features(plain, dataclasses.replace(c, as_24=False))
         assert K.instances(prob, c) == K.instances(plain, dataclasses.replace(c, as_24=False))
+    values, meta, stages = K.packed_wgmma(A, 128, 1, as_24=True)  # from a 2:4 copy that is not kept
+    plain_values, plain_meta, plain_stages = K.packed_wgmma(K.as_2to4(A), 128, 1)
+    assert torch.equal(values, plain_values) and torch.equal(meta, plain_meta) and stages == plain_stages
+    assert [k for k in A.__dict__ if k.startswith("_nm_")] == ["_nm_wgmma_as24_packed_128_1"]
     K.release_unused(A, [])
-    assert K._AS_24_KEY not in A.__dict__
+    assert not [k for k in A.__dict__ if k.startswith("_nm_")]
+
+
+@pytest.mark.parametrize("pattern", ["2:4", "64:2:8"])
+def test_release_keeps_exactly_what_chosen_configs_read(pattern):
+    """The tuner packs a weight for every variant it times; the wgmma packing starts from the mma
+    one without keeping it, and release_unused keeps only the packings of the chosen configs."""
+    A = st.sparsify_weight(torch.randn(192, 256, dtype=torch.float16), pattern)
+    nm = lambda: sorted(k for k in A.__dict__ if k.startswith("_nm_"))  # noqa: E731
+    K.packed_wgmma(A, 128, 1)
+    assert nm() == ["_nm_wgmma_packed_128_1"]  # no mma packing left behind
+    K.packed(A)
+    K.packed_wgmma(A, 64, 2)
+    mma = K.Config(32, 8, 4, 2, stages=3)
+    wgmma = K.Config(64, 256, 12, variant="wgmma", stages=4, cluster_m=2)
+    K.release_unused(A, [mma, wgmma])
+    assert nm() == ["_nm_packed", "_nm_wgmma_packed_64_2"]
+    K.release_unused(A, [wgmma])
+    assert nm() == ["_nm_wgmma_packed_64_2"]
+    K.release_unused(A, [])
+    assert nm() == []
 
 
 def test_as_24_needs_m_a_multiple_of_4():
