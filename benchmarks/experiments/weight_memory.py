@@ -46,8 +46,16 @@ def memos(model):
     return by_key
 
 
+import argparse  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--history", action="store_true", help="record allocations; list the live ones by stack (2:4 only)")
+args = ap.parse_args()
 hidden, inter, heads = 4096, 11008, 32
-for pattern, sparsity in (("dense", None), ("2:4", None), ("64:2:8", None), ("csr", 0.9)):
+cases = (("dense", None), ("2:4", None)) if args.history else (("dense", None), ("2:4", None), ("64:2:8", None), ("csr", 0.9))
+for pattern, sparsity in cases:
+    if args.history and pattern == "2:4":
+        torch.cuda.memory._record_memory_history(max_entries=200000)
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     torch.manual_seed(0)
@@ -75,5 +83,16 @@ for pattern, sparsity in (("dense", None), ("2:4", None), ("64:2:8", None), ("cs
         f"({after_calls / 2**20 / dense_mb:.2f}x the dense layer)")
     for key, b in memos(model).most_common(12):
         say(f"    {key:40s} {b / 2**20:8.1f} MB")
+    if args.history and pattern == "2:4":
+        snap = torch.cuda.memory._snapshot()
+        live = collections.Counter()
+        for seg in snap["segments"]:
+            for blk in seg["blocks"]:
+                if blk["state"] == "active_allocated":
+                    frames = [f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in blk.get("frames", [])
+                              if "spartune" in f["filename"] or "benchmarks" in f["filename"]]
+                    live[" < ".join(frames[:4]) or "?"] += blk["size"]
+        for where, b in live.most_common(15):
+            say(f"  live {b / 2**20:8.1f} MB  {where}")
     del model
 open(os.path.join(out_dir, "weight_memory.txt"), "w").write("\n".join(lines) + "\n")
