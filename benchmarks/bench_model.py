@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import spartune as st
+from spartune.tune.measure import capture_stream
 
 
 class LlamaMLP(nn.Module):
@@ -86,7 +87,7 @@ def variants(model, x, eager_only=False):
 def captured(model, x):
     """The eager model captured in one CUDA graph by hand (what serving engines do for decode):
     replay costs a few µs of host time."""
-    side = torch.cuda.Stream()
+    side = capture_stream()  # (one per device: a new stream each time costs a cuBLAS workspace)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         model(x)  # warm-up outside the capture (tuned already)

@@ -77,6 +77,9 @@ for pattern, sparsity in cases:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     after_calls = torch.cuda.memory_allocated() - base
+    import gc  # noqa: E402
+    gc.collect()
+    say(f"  (after gc.collect: {(torch.cuda.memory_allocated() - base) / 2**20:.1f} MB)")
     if pattern == "dense":
         dense_mb = after_calls / 2**20
     say(f"{pattern:8s} after sparsify {after_sparsify / 2**20:8.1f} MB, after tuned calls {after_calls / 2**20:8.1f} MB "
@@ -86,13 +89,15 @@ for pattern, sparsity in cases:
     if args.history and pattern == "2:4":
         snap = torch.cuda.memory._snapshot()
         live = collections.Counter()
+        sizes = collections.defaultdict(list)
         for seg in snap["segments"]:
             for blk in seg["blocks"]:
                 if blk["state"] == "active_allocated":
                     frames = [f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in blk.get("frames", [])
                               if "spartune" in f["filename"] or "benchmarks" in f["filename"]]
-                    live[" < ".join(frames[:4]) or "?"] += blk["size"]
+                    live[" < ".join(frames[:9]) or "?"] += blk["size"]
+                    sizes[" < ".join(frames[:9]) or "?"].append(blk["size"] >> 20)
         for where, b in live.most_common(15):
-            say(f"  live {b / 2**20:8.1f} MB  {where}")
+            say(f"  live {b / 2**20:8.1f} MB  blocks (MB) {sorted(sizes[where])[:12]}  {where}")
     del model
 open(os.path.join(out_dir, "weight_memory.txt"), "w").write("\n".join(lines) + "\n")

@@ -10,6 +10,7 @@ import torch
 
 from ..epilogue import apply_epilogue
 from ..formats import SparseFormat, memo
+from ..tune.measure import capture_stream
 
 
 def cached(A: SparseFormat, what: str, make):
@@ -68,7 +69,7 @@ class GraphReplay:
 
     def __init__(self, run, x: torch.Tensor, bias: torch.Tensor | None):
         self.x, self.bias = x, bias
-        side = torch.cuda.Stream()
+        side = capture_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the capture (compilation, plans, workspace)
             run(x, bias)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..nn import sparsify
+from ..tune.measure import capture_stream
 from . import bert, models
 
 PATTERNS = ("block:64", "csr", "shfl:64", "2:4", "64:2:8")
@@ -140,7 +141,7 @@ def time_ms(fn, device: str, *, target_s: float = 0.15, repeats: int = 5) -> flo
 
 def captured(fn, device: str):
     """fn captured in one CUDA graph (after warm-up calls on a side stream); its replay."""
-    side = torch.cuda.Stream()
+    side = capture_stream()  # (one per device: a new stream each time costs a cuBLAS workspace)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):

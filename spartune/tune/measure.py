@@ -94,6 +94,21 @@ def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup
 
 
 _EVICT: dict = {}
+_CAPTURE_STREAMS: dict = {}
+
+
+def capture_stream():
+    """One side stream per device for every graph capture and its warm-up. A new stream per
+    capture leaked: cuBLAS takes a 32 MB workspace per (handle, stream) that torch keeps for the
+    process, so each dense baseline timed in a graph left ~100 MB behind (benchmarks/LOG.md,
+    session 27)."""
+    import torch
+
+    device = torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    return stream
 
 
 def _evict_buffer():
@@ -162,7 +177,7 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
 
     def captured(body, reps: int):
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
+        stream = capture_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             body()  # anything lazily allocated is allocated before the capture
@@ -183,19 +198,27 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
         return start.elapsed_time(end) * 1e-3 / reps
 
     both = lambda: (evict.zero_(), fn())  # noqa: E731
-    once = timed(captured(both, 1), 1)  # a first estimate sizes the rounds: ~1 ms each, so the
-    reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
-    rounds = 7 if rep_ms <= 10 else 15
-    g_both, g_write = captured(both, reps), captured(evict.zero_, reps)
-    timed(g_both, reps), timed(g_write, reps)  # first replays warm up, untimed
+    graphs = []  # reset at the end: their memory goes back at once, not when they are collected
+    try:
+        graphs.append(captured(both, 1))
+        once = timed(graphs[0], 1)  # a first estimate sizes the rounds: ~1 ms each, so the
+        reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
+        rounds = 7 if rep_ms <= 10 else 15
+        graphs += [captured(both, reps), captured(evict.zero_, reps)]
+        g_both, g_write = graphs[1:]
+        timed(g_both, reps), timed(g_write, reps)  # first replays warm up, untimed
 
-    def pair(i: int) -> float:  # the order alternates, so a linear drift cancels too
-        if i % 2:
-            write = timed(g_write, reps)
-            return timed(g_both, reps) - write
-        return timed(g_both, reps) - timed(g_write, reps)
+        def pair(i: int) -> float:  # the order alternates, so a linear drift cancels too
+            if i % 2:
+                write = timed(g_write, reps)
+                return timed(g_both, reps) - write
+            return timed(g_both, reps) - timed(g_write, reps)
 
-    diffs = sorted(pair(i) for i in range(rounds))
+        diffs = sorted(pair(i) for i in range(rounds))
+    finally:
+        torch.cuda.synchronize()
+        for g in graphs:
+            g.reset()
     t = diffs[len(diffs) // 2]
     if not t > 0:  # the write's own jitter exceeded the call: time_callable keeps do_bench's time
         raise RuntimeError(f"cold replay: no time left after subtracting the eviction write ({t:.3g} s)")
