@@ -24,6 +24,8 @@ def test_every_workload_runs_tiny(workload):
     assert csr["speedup"] == pytest.approx(dense["ms"] / csr["ms"])
     assert csr["sparse_layers"] >= 1 and csr["layers"] >= csr["sparse_layers"]
     assert csr["weight_bytes"] < nm["weight_bytes"] < dense["weight_bytes"]  # 90% CSR < 2:4 < dense
+    assert all(r["resident_bytes"] > 0 for r in rows)  # the device's share: kernels' copies included
+    assert csr["resident_ratio"] == pytest.approx(csr["resident_bytes"] / dense["resident_bytes"])
 
 
 def test_bad_settings_are_refused_before_any_model_is_built():

@@ -1,0 +1,49 @@
+"""What a model's weights hold in memory, kernels' copies included."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from ..formats import SparseFormat
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights hold: its parameters and buffers, and what each sparse weight
+    keeps beside them for the kernels the tuner chose (packed layouts, a library's copy, the
+    static tensors of captured calls), each storage counted once. A state_dict counts only the
+    first part; this is what the device must hold to run the model."""
+    sizes: dict = {}
+    visited: set = set()
+
+    def walk(obj) -> None:
+        if torch.is_tensor(obj):
+            if obj.layout != torch.strided:  # torch.sparse copies (cuSPARSE's CSR / BSR)
+                parts = (obj.values(), obj.crow_indices(), obj.col_indices()) \
+                    if obj.layout in (torch.sparse_csr, torch.sparse_bsr) else (obj._values(), obj._indices())
+                for part in parts:
+                    walk(part)
+            elif obj.device.type != "meta":
+                storage = obj.untyped_storage()
+                sizes[(obj.device, storage.data_ptr())] = storage.nbytes()
+            return
+        if id(obj) in visited:
+            return
+        visited.add(id(obj))
+        if isinstance(obj, (tuple, list, set, frozenset)):
+            for item in obj:
+                walk(item)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                walk(item)
+        elif type(obj).__module__.startswith("spartune") and hasattr(obj, "__dict__"):
+            walk(vars(obj))  # a format's memos, a captured call (its static inputs and output)
+
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        walk(t)
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, SparseFormat):
+                walk(value)
+    return sum(sizes.values())
