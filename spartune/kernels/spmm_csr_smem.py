@@ -32,6 +32,7 @@ from ._sliced_ell import SLOTS_PER_LOAD, drop_sliced_ell, memo_key, sliced_ell
 from ._common import arrival_counters, next_pow2
 from .cuda.epilogue import check_operands, epilogue_args, or_null
 from ..formats import CSR
+from ..tune.device import spec_of
 from ..tune.problem import KernelFeatures, Problem, fp16_reduction_allowed
 
 DTYPES = ("float16", "bfloat16")
@@ -48,7 +49,6 @@ SHARED_GROUPS = (1, 2, 4)
 # qs = 4 never measured best and the model ranked it too high (benchmarks/LOG.md, csr_smem v4);
 # the kernel still takes it
 LANES_PER_ROW = (1, 2)
-HOPPER_SMS = 132  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in maximum per CTA (sm_80: 163 KB; space() checks the device)
 ROWS_COPY_MAX = 1024  # a CTA of up to this many team rows copies their output rows on chip
 MAX_SLICES = 64
@@ -137,7 +137,8 @@ def space(problem: Problem) -> list[Config]:
     nt = min(32, max(8, next_pow2(problem.n)))
     hopper = problem.device.endswith("sm_90")
     limit = SMEM_LIMIT if hopper or not problem.device else 99 * 1024
-    sixteen = nt >= 16 and problem.stats.nnz / (HOPPER_SMS * max(problem.k, 1)) >= TPL16_MIN_NNZ_PER_SM_COLUMN
+    sms = spec_of(problem.device).sms  # a config whose grid cannot fill half of them is left out (unless gpw = 1)
+    sixteen = nt >= 16 and problem.stats.nnz / (sms * max(problem.k, 1)) >= TPL16_MIN_NNZ_PER_SM_COLUMN
     out = []
     for ks in _slice_widths(problem.k):
         slices = math.ceil(problem.k / ks)
@@ -150,7 +151,7 @@ def space(problem: Problem) -> list[Config]:
         if sixteen:
             candidates += [dataclasses.replace(c, tpl=16) for c in candidates]
         for cfg in candidates:
-            if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= HOPPER_SMS) \
+            if _smem_bytes(cfg) <= limit and (cfg.gpw == 1 or _ctas(problem, cfg) * 2 >= sms) \
                     and _partials_bytes(problem, cfg) <= MAX_PARTIALS_BYTES:
                 out.append(cfg)
     return out if math.ceil(problem.n / nt) <= MAX_TOKEN_TILES else []

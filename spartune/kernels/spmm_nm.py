@@ -32,7 +32,7 @@ from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
 from ..formats import VNM, memo
-from ..tune.device import H100
+from ..tune.device import spec_of
 from ..tune.problem import KernelFeatures, Problem
 
 DTYPES = ("float16", "bfloat16")
@@ -76,7 +76,7 @@ MMA_SP_PEAK, WGMMA_SP_PEAK, DENSE_PEAK = 954.0, 1720.0, 765.0
 WGMMA_THREADS = 384  # a producer warpgroup and two consumers
 WGMMA_BK = 64  # K per stage: one 128-byte swizzled row of x
 SMEM_LIMIT_HOPPER = 227 * 1024
-HOPPER_SMS, L2_REUSE_BYTES = 132, 40e6  # the H100's SMs; what of its 50 MB L2 reuse can count on
+L2_REUSE_BYTES = 40e6  # what of the H100's 50 MB L2 reuse can count on
 
 
 def _warp_grid(config: Config) -> tuple[int, int] | None:
@@ -201,10 +201,10 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
     hopper = problem.device.endswith("sm_90")  # clusters and bulk copies
 
     def one_wave(c: Config) -> bool:
-        """Whether the CTAs (one an SM) all run at once on the H100: row blocks in whole clusters,
-        times token strips, against the clusters its GPCs place."""
+        """Whether the CTAs (one an SM) all run at once: row blocks in whole clusters, times token
+        strips, against the clusters the device's GPCs place."""
         ctas = math.ceil(problem.m / (c.bm * c.cluster_m)) * c.cluster_m * math.ceil(max(problem.n, 1) / c.bn)
-        return ctas <= H100.cluster_ctas(c.cluster_m, 1)
+        return ctas <= spec_of(problem.device).cluster_ctas(c.cluster_m, 1)
 
     out = []
     for bn in (8, 16, 32, 64, 128):
@@ -324,7 +324,7 @@ def _wgmma_features(problem: Problem, config: Config) -> KernelFeatures:
     a_reads = x_reads = 1.0
     group_rows = config.group_m * config.cluster_m  # row blocks of a group (group_m counts clusters)
     if a_bytes + x_bytes > L2_REUSE_BYTES:
-        a_reads = max(1.0, strips * group_rows / HOPPER_SMS)
+        a_reads = max(1.0, strips * group_rows / spec_of(problem.device).sms)
         x_reads = max(1.0, row_tiles / group_rows)
     return KernelFeatures(
         programs=tiles,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -118,6 +119,24 @@ _MODEL_CONSTANTS = ("mem_latency_s", "l2_latency_s", "cluster_slots")
 
 
 # --- calibration (CUDA only) -----------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def spec_of(name: str) -> DeviceSpec:
+    """The H100's spec with the SM count of the local device called `name` (an H100 PCIe has 114
+    SMs, the SXM 132), or the H100's own where no local device has that name (the CPU, a problem
+    from elsewhere): what the kernel families size their grids and waves by."""
+    sms = _local_sms().get(name)
+    return H100 if sms in (None, H100.sms) else dataclasses.replace(H100, name=name, sms=sms)
+
+
+def _local_sms() -> dict[str, int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {device_name(i): torch.cuda.get_device_properties(i).multi_processor_count
+            for i in range(torch.cuda.device_count())}
+
 
 def device_name(device_index: int = 0) -> str:
     """'<name> sm_<major><minor>': the device part of every DB key."""

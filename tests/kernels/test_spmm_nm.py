@@ -354,10 +354,28 @@ def test_one_cta_an_sm_configs_only_where_their_ctas_fit_one_wave():
         assert configs and all(c.bm == 32 and c.num_warps == 16 and c.stages == 3 for c in configs)
         assert all(K._mma_smem_bytes(c, False, n, 11008) <= K.SMEM_LIMIT_HOPPER for c in configs)
         assert any(K._mma_smem_bytes(c, False, n, 11008) > K.PIPE_SMEM for c in configs)
-    assert not wide(11008) and not wide(4096, device="") and wide(32 * K.HOPPER_SMS) and not wide(32 * K.HOPPER_SMS + 1)
+    assert not wide(11008) and not wide(4096, device="") and wide(32 * 132) and not wide(32 * 132 + 1)
     # at 16 tokens: no 8-token strips (256 CTAs), no clusters of 4 (the GPCs place 30 of them: 120 CTAs)
     assert {(c.bn, c.cluster_m) for c in wide(4096)} == {(16, 1), (16, 2)}
     assert {c.cluster_m for c in wide(3840)} == {1, 2, 4}
+
+
+def test_the_one_wave_rule_counts_the_local_devices_sms(monkeypatch):
+    """An H100 PCIe (114 SMs) runs 7B down's 128 row blocks of 32 in two waves: no 16-warp
+    configs there; the device's SM count comes from the local device of the problem's name."""
+    from spartune.tune import device as D
+
+    A = st.NM.from_dense(random_2to4(256, 256, torch.float32), 2, 4)
+    pcie, sxm = "NVIDIA H100 PCIe sm_90", "NVIDIA H100 80GB HBM3 sm_90"
+    monkeypatch.setattr(D, "_local_sms", lambda: {pcie: 114, sxm: 132})
+    D.spec_of.cache_clear()
+    try:
+        assert D.spec_of(pcie).sms == 114 and D.spec_of(sxm) is D.H100 and D.spec_of("elsewhere sm_90") is D.H100
+        wide = lambda m, device: [c for c in K.space(  # noqa: E731
+            Problem("linear", "2:4", m, 11008, 16, "float16", A.stats(), device=device)) if c.num_warps > 8]
+        assert wide(4096, sxm) and not wide(4096, pcie) and wide(32 * 114, pcie)
+    finally:
+        D.spec_of.cache_clear()
 
 
 def test_compile_space_rejects_bad_input():
