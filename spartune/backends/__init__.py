@@ -28,18 +28,20 @@ __all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backend
 REPLAY_OWN_GRAPHS = frozenset({"cusparselt", "cusparselt_search"})
 
 
-# The conversions (`_common.cached` names) each library backend reads: the tuner times every
-# backend on each new shape, and what the chosen ones do not read is dropped (`release_unused`)
+# The copies of the weight (`_common.cached` names) each library backend reads: the tuner times
+# every backend on each new shape, and the copies the chosen ones do not read are dropped
+# (`release_unused`). cuSPARSELt's search answers (a few ints per token count) always stay.
 MEMOS = {"dense": ("dense",), "cusparse": ("cusparse",), "cusparselt": ("cslt_compressed", "cslt_graphs"),
-         "cusparselt_search": ("cslt_compressed", "cslt_search", "cslt_graphs")}
+         "cusparselt_search": ("cslt_compressed", "cslt_graphs")}
 
 
 def release_unused(A: SparseFormat, chosen) -> None:
-    """Drop the library conversions of A (a dense copy, torch's CSR, cuSPARSELt's compressed copy
-    and graphs) that no backend named in `chosen` reads: made to time the baselines, kept they
-    would make a sparse weight hold several times its dense size."""
+    """Drop the library copies of A (a dense copy, torch's CSR, cuSPARSELt's compressed copy and
+    graphs) that no backend named in `chosen` reads: made to time the baselines, kept they would
+    make a sparse weight hold several times its dense size."""
+    copies = {f"_backend_{what}" for whats in MEMOS.values() for what in whats}
     keep = {f"_backend_{what}" for name in chosen for what in MEMOS.get(name, ())}
-    for key in [k for k in A.__dict__ if k.startswith("_backend_") and k not in keep]:
+    for key in [k for k in A.__dict__ if k in copies - keep]:
         del A.__dict__[key]
 
 
