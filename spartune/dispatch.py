@@ -80,6 +80,8 @@ def set_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _mode, _tuner = mode, None
+    for A in list(_states.keys()):  # their launches replayed from graphs: made again if chosen again
+        A.__dict__.pop("_graphs", None)
     _states.clear()
 
 
@@ -213,7 +215,7 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
     st.chosen[key] = choice
     for family in registry.families("linear", A):
         family.release_unused(A, [c.config for c in st.chosen.values() if c.backend == family.name])
-    backends.release_unused(A, {c.backend for c in st.chosen.values()})
+    backends.release_unused(A, {c.backend for k, c in st.chosen.items() if k[0] not in VALUES_OPS})
     launch = launcher(A, choice.backend, choice.config)
     family = registry.by_name(choice.backend)
     # Triton's launch from Python costs more host time than a decode kernel runs: replay those
@@ -222,7 +224,7 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
     if family is not None and family.language == "triton" and A.device.type == "cuda" \
             and x.shape[0] <= GRAPH_MAX_TOKENS and residual is None and prologue is None \
             and os.environ.get("SPARTUNE_GRAPHS", "1") != "0":
-        launch = _graphed(launch, key)
+        launch = _graphed(launch, (key, choice.backend, choice.config))
     st.launchers[key] = launch
     return launch
 
@@ -240,7 +242,8 @@ _GRAPHS_PER_CALL = 4  # outputs a caller may hold at once before calls launch di
 
 
 def _graphed(launch, key):
-    """`launch` replayed from a CUDA graph per (call key, x's strides, scale): a few µs of host
+    """`launch` replayed from a CUDA graph per (key: the call key and its choice, x's strides,
+    scale), so a graph of an earlier choice (before `set_mode`) is never replayed: a few µs of host
     time instead of Triton's Python launch. The graphs read the weight's tensors and layouts, so
     they live in a memo of its values version (an optimizer step captures them again)."""
     from .formats import memo
@@ -290,6 +293,9 @@ def sparse_softmax(st: WeightState, A, scale: float):
                       run=lambda f, cfg: f.launch(A, cfg, scale=scale),
                       dense=lambda: backends.dense_softmax(A, scale),
                       expected=lambda: reference.sparse_softmax(A, scale)[A.mask()])
+
+
+VALUES_OPS = ("sddmm", "softmax")  # their call keys (sddmm, softmax) start with the op's name
 
 
 def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):

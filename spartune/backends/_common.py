@@ -13,10 +13,10 @@ from ..formats import SparseFormat, memo
 from ..tune.measure import capture_stream
 
 
-def cached(A: SparseFormat, what: str, make):
+def cached(A: SparseFormat, what: str, make, keep: bool = True):
     """`make()` once per (format object, what), made again when A's values change in place (a
-    converted copy of the weight would be stale); dropped with the format."""
-    return memo(A, f"_backend_{what}", make)
+    converted copy of the weight would be stale); dropped with the format (keep=False: `memo`'s)."""
+    return memo(A, f"_backend_{what}", make, keep=keep)
 
 
 @contextlib.contextmanager

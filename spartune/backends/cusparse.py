@@ -30,7 +30,7 @@ def to_bsr(w: torch.Tensor, block) -> torch.Tensor:
 def torch_sparse(A) -> torch.Tensor:
     """A as the torch.sparse tensor cuSPARSE runs: BSR for a block-sparse weight of whole
     blocks, CSR otherwise."""
-    w = dense_weight(A)
+    w = dense_weight(A, keep=False)
     if isinstance(A, BlockSparse) and whole_blocks(A.shape, A.block):
         return to_bsr(w, A.block)
     return to_csr(w)

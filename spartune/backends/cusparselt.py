@@ -42,7 +42,7 @@ class CusparseltUnsupported(RuntimeError):
 
 def compressed(A) -> torch.Tensor:
     """A's weight compressed for cuSPARSELt (values and metadata), once per format object."""
-    return _common.cached(A, "cslt_compressed", lambda: torch._cslt_compress(dense_weight(A).contiguous()))
+    return _common.cached(A, "cslt_compressed", lambda: torch._cslt_compress(dense_weight(A, keep=False).contiguous()))
 
 
 def _padded(n: int) -> int:

@@ -10,12 +10,13 @@ from ..formats import SparseFormat
 from . import _common
 
 
-def dense_weight(A: SparseFormat) -> torch.Tensor:
+def dense_weight(A: SparseFormat, keep: bool = True) -> torch.Tensor:
     """The decompressed weight, memoised per values version; float64 (references, gradcheck,
-    which perturbs values through `.data` without a version bump) is decompressed every call."""
+    which perturbs values through `.data` without a version bump) is decompressed every call.
+    keep=False: not memoised (another library's copy is made from it)."""
     if A.dtype == torch.float64:
         return A.to_dense()
-    return _common.cached(A, "dense", A.to_dense)
+    return _common.cached(A, "dense", A.to_dense, keep=keep)
 
 
 def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..formats import SparseFormat
+from ..formats.stack import _stacks
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -46,4 +47,5 @@ def resident_bytes(model: nn.Module) -> int:
         for value in vars(module).values():
             if isinstance(value, SparseFormat):
                 walk(value)
+                walk(_stacks.get(value, {}))  # torch.compile's fused layers: stacked copies, tuned too
     return sum(sizes.values())

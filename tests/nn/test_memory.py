@@ -32,3 +32,26 @@ def test_a_sparse_layer_counts_its_copies_until_they_are_released():
     spmm_nm.release_unused(A, [])
     backends.release_unused(A, ["dense"])
     assert resident_bytes(layer) == state + storage_bytes(dense)
+
+
+def test_a_library_copy_made_again_keeps_no_dense_copy():
+    # cuSPARSE's CSR is made from a dense copy that is not kept (after an optimizer step the next
+    # call makes it again: a dense copy kept then would stay until another shape is tuned)
+    A = st.sparsify_weight(torch.randn(64, 96), "csr", 0.9)
+    x, out = torch.randn(5, 96), torch.empty(5, 64)
+    backends.cusparse_linear(A, x, out)
+    A.values.mul_(2.0)
+    y = backends.cusparse_linear(A, x, out)
+    assert "_backend_cusparse" in A.__dict__ and "_backend_dense" not in A.__dict__
+    torch.testing.assert_close(y, x @ A.to_dense().T)
+
+
+def test_fused_stacks_count():
+    from spartune.formats import stack
+
+    torch.manual_seed(1)
+    q, k = (st.nn.SparseLinear(st.sparsify_weight(torch.randn(32, 64), "csr", 0.8)) for _ in range(2))
+    model = torch.nn.ModuleDict({"q": q, "k": k})
+    alone = resident_bytes(model)
+    fused, _ = stack.stacked([q.weight, k.weight])
+    assert resident_bytes(model) == alone + storage_bytes(*fused.tensor_list())
