@@ -81,7 +81,7 @@ def set_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _mode, _tuner = mode, None
     for A in list(_states.keys()):  # their launches replayed from graphs: made again if chosen again
-        A.__dict__.pop("_graphs", None)
+        A.__dict__.pop(_GRAPHS_KEY, None)
     _states.clear()
 
 
@@ -213,9 +213,10 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
                     expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
                     result=lambda y: y, layout=_layout(x))
     st.chosen[key] = choice
+    linear = [c for k, c in st.chosen.items() if k[0] not in VALUES_OPS]  # (sddmm / softmax keep theirs)
     for family in registry.families("linear", A):
-        family.release_unused(A, [c.config for c in st.chosen.values() if c.backend == family.name])
-    backends.release_unused(A, {c.backend for k, c in st.chosen.items() if k[0] not in VALUES_OPS})
+        family.release_unused(A, [c.config for c in linear if c.backend == family.name])
+    backends.release_unused(A, {c.backend for c in linear})
     launch = launcher(A, choice.backend, choice.config)
     family = registry.by_name(choice.backend)
     # Triton's launch from Python costs more host time than a decode kernel runs: replay those
@@ -238,6 +239,7 @@ def _prologue_name(prologue) -> str | None:
 
 # --- decode calls replayed from CUDA graphs ------------------------------------------------------
 GRAPH_MAX_TOKENS = 64  # decode: a Triton launch from Python costs more host time than the kernel runs
+_GRAPHS_KEY = "_graphs"  # the format's memo of graphed launches (set_mode drops it)
 _GRAPHS_PER_CALL = 4  # outputs a caller may hold at once before calls launch directly again
 
 
@@ -251,7 +253,7 @@ def _graphed(launch, key):
     def run(A, x, out, bias, act, res, scale, prologue=None):  # (never given one: see _tune_linear)
         if not backends.replays_allowed():  # a caller's capture, or a torch operator: launch
             return launch(A, x, out, bias, act, res, scale)
-        pool = memo(A, "_graphs", dict).setdefault((key, x.stride(), scale), [])
+        pool = memo(A, _GRAPHS_KEY, dict).setdefault((key, x.stride(), scale), [])
         replay = next((g for g in pool if g.free()), None)
         if replay is None and len(pool) < _GRAPHS_PER_CALL:
             static_out = torch.empty_like(out)

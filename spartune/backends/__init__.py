@@ -17,7 +17,7 @@ from .cusparse import cusparse_linear
 from .cusparselt import cusparselt_linear, cusparselt_search_linear
 from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, value_order
 
-__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "release_unused", "MEMOS", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
+__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "release_unused", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
            "cusparselt_search_linear", "REPLAY_OWN_GRAPHS",
            "dense_sddmm", "dense_softmax", "value_order"]
 
@@ -39,10 +39,9 @@ def release_unused(A: SparseFormat, chosen) -> None:
     """Drop the library copies of A (a dense copy, torch's CSR, cuSPARSELt's compressed copy and
     graphs) that no backend named in `chosen` reads: made to time the baselines, kept they would
     make a sparse weight hold several times its dense size."""
-    copies = {f"_backend_{what}" for whats in MEMOS.values() for what in whats}
-    keep = {f"_backend_{what}" for name in chosen for what in MEMOS.get(name, ())}
-    for key in [k for k in A.__dict__ if k in copies - keep]:
-        del A.__dict__[key]
+    keep = {what for name in chosen for what in MEMOS.get(name, ())}
+    for what in {what for whats in MEMOS.values() for what in whats} - keep:
+        A.__dict__.pop(f"_backend_{what}", None)
 
 
 def library_backends(A: SparseFormat) -> dict:

@@ -77,4 +77,9 @@ def stacked(parts: Sequence[SparseFormat], biases: Sequence[torch.Tensor] = (), 
     return entry[1]
 
 
-__all__ = ["stackable", "stack_rows", "stacked"]
+def stacks_of(part: SparseFormat) -> list:
+    """The stacked copies (and their biases) kept for groups whose first part is `part`."""
+    return [entry[1] for entry in _stacks.get(part, {}).values()]
+
+
+__all__ = ["stackable", "stack_rows", "stacked", "stacks_of"]

@@ -412,8 +412,7 @@ def packed_wgmma(A, bm: int, cluster_m: int = 1, as_24: bool = False) -> tuple[t
     cluster's row blocks) and K to 128, an even number of stages (zero values, valid metadata):
     the kernel alternates two metadata register sets between stages. as_24: a V:N:M weight's, run
     as the 2:4 matrix it also is (`as_2to4`, a copy made for the packing and not kept)."""
-    make = (lambda: _pack_wgmma(as_2to4(A), bm, cluster_m)) if as_24 else lambda: _pack_wgmma(A, bm, cluster_m)
-    return memo(A, _packed_key(bm, cluster_m, as_24), make)
+    return memo(A, _packed_key(bm, cluster_m, as_24), lambda: _pack_wgmma(as_2to4(A) if as_24 else A, bm, cluster_m))
 
 
 def _packed_key(bm: int, cluster_m: int, as_24: bool = False) -> str:
@@ -539,9 +538,9 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     if x.shape[0] == 0 or A.shape[0] == 0:
         return out
     epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
-    if config.as_24 and config.variant != "wgmma":
-        raise ValueError(f"as_24 runs a V:N:M weight on the wgmma variant, got {config}")
     if config.as_24:
+        if config.variant != "wgmma":
+            raise ValueError(f"as_24 runs a V:N:M weight on the wgmma variant, got {config}")
         _launch_wgmma(A, x, out, _as_plain_24(config), epilogue, as_24=True)
     elif config.variant == "wgmma":
         _launch_wgmma(A, x, out, config, epilogue)

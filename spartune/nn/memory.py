@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..formats import SparseFormat
-from ..formats.stack import _stacks
+from ..formats.stack import stacks_of
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -15,6 +15,8 @@ def resident_bytes(model: nn.Module) -> int:
     keeps beside them for the kernels the tuner chose (packed layouts, a library's copy, the
     static tensors of captured calls), each storage counted once. A state_dict counts only the
     first part; this is what the device must hold to run the model."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"resident_bytes takes an nn.Module, got {type(model).__name__}")
     sizes: dict = {}
     visited: set = set()
 
@@ -47,5 +49,5 @@ def resident_bytes(model: nn.Module) -> int:
         for value in vars(module).values():
             if isinstance(value, SparseFormat):
                 walk(value)
-                walk(_stacks.get(value, {}))  # torch.compile's fused layers: stacked copies, tuned too
+                walk(stacks_of(value))  # torch.compile's fused layers: stacked copies, tuned too
     return sum(sizes.values())

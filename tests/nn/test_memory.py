@@ -55,3 +55,10 @@ def test_fused_stacks_count():
     alone = resident_bytes(model)
     fused, _ = stack.stacked([q.weight, k.weight])
     assert resident_bytes(model) == alone + storage_bytes(*fused.tensor_list())
+
+
+def test_refuses_what_is_not_a_module():
+    import pytest
+
+    with pytest.raises(TypeError, match="takes an nn.Module"):
+        resident_bytes(st.sparsify_weight(torch.randn(8, 8), "csr", 0.5))
