@@ -373,6 +373,56 @@ def test_linear_choice_is_cached(monkeypatch, kind):
     assert calls.count("tune") == 3
 
 
+class BindingFamily:
+    """A CUDA family's bind and launch, counted: the bound run computes the real product."""
+
+    def __init__(self):
+        self.binds, self.launches = [], 0
+
+    def bind(self, A, x, out, config, *, bias=None, activation=None, residual=None, scale=1.0):
+        self.binds.append((tuple(x.stride()), None if bias is None else bias.dtype, scale))
+
+        def run(x, out, bias, residual):
+            out.copy_(ref.linear(x, A, bias, activation, residual, scale))
+            return out
+        return run
+
+    def launch(self, A, x, out, config, **epilogue):
+        self.launches += 1
+        return self.bind(A, x, out, config, **epilogue)(x, out, epilogue.get("bias"), epilogue.get("residual"))
+
+
+def test_a_cuda_familys_tuned_call_is_bound_once_per_layout():
+    """dispatch binds a CUDA family's launch per operand layout and reuses it with new tensors;
+    another layout, epilogue dtype or scale, or the weight's values changed in place, bind again."""
+    A = make_format("csr")
+    family = BindingFamily()
+    run = dispatch._bound(A, family, config=None)
+    g = _gen(21)
+
+    def call(x, bias=None, scale=1.0, weight=A):
+        out = torch.empty(x.shape[0], M)
+        check_close(run(weight, x, out, bias, None, None, scale), ref.linear(x, weight, bias, None, None, scale),
+                    torch.float32)
+
+    for _ in range(3):  # new tensors, one layout: one bind
+        call(torch.randn(5, K, generator=g))
+    assert len(family.binds) == 1
+    call(torch.randn(K, 5, generator=g).T)  # x = X.T: another layout
+    call(torch.randn(5, K, generator=g), bias=torch.randn(M, generator=g))
+    call(torch.randn(5, K, generator=g), bias=torch.randn(M, generator=g).double())
+    call(torch.randn(5, K, generator=g), scale=0.5)
+    assert len(family.binds) == 5
+    call(torch.randn(5, K, generator=g), scale=0.5)
+    assert len(family.binds) == 5
+    with torch.no_grad():
+        A.values.mul_(2)  # an optimizer step: the layouts bound before are stale
+    call(torch.randn(5, K, generator=g), scale=0.5)
+    assert len(family.binds) == 6
+    call(torch.randn(5, K, generator=g), weight=make_format("csr"))  # another weight: launched, not bound
+    assert family.launches == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_fp16_choices_are_kept_per_reduced_precision_setting(monkeypatch, dtype):
     """torch's fp16 reduced-precision flag changes cuBLAS's speed and csr_smem's sums: a choice

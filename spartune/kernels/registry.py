@@ -12,7 +12,9 @@ A family module provides (the tuner cannot tell a Triton family from a CUDA one)
   on any machine)
   and `release_unused(A, configs)` (drop per-weight layouts no chosen config reads), and for a
   CUDA family `instances(problem, config)` (the cuda.Instance its launch loads: the tuner
-  compiles those of the configs it will time at once, in parallel).
+  compiles those of the configs it will time at once, in parallel) and `bind(...)` (linear:
+  launch's arguments, giving run(x, out, bias, residual) that launches on tensors laid out
+  alike: dispatch binds a tuned call once per layout, so its host time is the launch's).
 The module is imported on first use, so listing a family costs nothing until it runs.
 """
 from __future__ import annotations
@@ -80,6 +82,10 @@ class Family:
     @property
     def launch(self) -> Callable[..., Any]:
         return self.module.launch
+
+    @property
+    def bind(self) -> Callable[..., Any] | None:
+        return getattr(self.module, "bind", None)
 
     def instances(self, problem: Problem, config) -> list:
         """The compiled kernels `config` needs (CUDA families), or []."""

@@ -318,10 +318,41 @@ def _capability(index) -> tuple[int, int]:
 def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None,
            residual=None, scale: float = 1.0) -> torch.Tensor:
     """out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual; strides of x, out, residual free."""
+    run = bind(A, x, out, config, bias=bias, activation=activation, residual=residual, scale=scale)
+    return run(x, out, bias, residual)
+
+
+def bind(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None,
+         residual=None, scale: float = 1.0):
+    """launch's checks and set-up done once: run(x, out, bias, residual) launches on tensors laid
+    out as these (shapes, strides, dtypes, 16-byte alignment; the same epilogue), giving only
+    their addresses (dispatch keeps one per layout)."""
     M, K = A.shape
     N = x.shape[0]
+    check_operands(A, x, out, bias, residual)
     if M == 0 or N == 0:
+        return lambda x, out, bias, residual: out
+    if config.ck > 1 and (math.ceil(K / config.ks) != config.ck or _capability(x.device.index) != (9, 0)):
+        raise ValueError(f"a cluster holds a row block's K slices, exactly {math.ceil(K / config.ks)} of "
+                         f"{config.ks} columns here, and needs sm_90: got {config}")
+    ell = layout(A, config)
+    _, R, _ = _team(config)
+    grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
+    split = ell.slices > 1 and config.ck == 1  # K slices summed through a workspace, one per call
+    ws_numel = grid[2] * ell.slices * ell.groups * R * config.nt
+    workspace = (lambda: torch.empty(ws_numel, dtype=torch.float32, device=x.device)) if split else lambda: None
+    counters = arrival_counters(x.device, grid[0] * grid[2]) if split else or_null(None)
+    kernel = _kernel(config, A.values.dtype, x.device)
+    prepared = kernel.prepare(grid, (32 * config.warps, 1, 1), ell.words, ell.offsets, ell.rows, x, out,
+                              or_null(bias), or_null(residual), or_null(workspace()), counters, M, N, K, ell.groups,
+                              ell.slices, np.int64(x.stride(0)), np.int64(x.stride(1)), _x_rows(x),
+                              *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config),
+                              slots=(3, 4, 5, 6, 7))
+
+    def run(x, out, bias, residual):
+        prepared(x, out, bias, residual, workspace())
         return out
+    return run
     check_operands(A, x, out, bias, residual)
     if config.ck > 1 and (math.ceil(K / config.ks) != config.ck or _capability(x.device.index) != (9, 0)):
         raise ValueError(f"a cluster holds a row block's K slices, exactly {math.ceil(K / config.ks)} of "

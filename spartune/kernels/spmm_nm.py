@@ -534,22 +534,33 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     """out = act(scale * x @ A^T + bias) + residual, x (N, K) and out (N, M) of any strides.
     The wgmma variant's split tails use one workspace per device (as the split-K families do):
     launches running at once on two streams of a device must not both split."""
+    run = bind(A, x, out, config, bias=bias, activation=activation, residual=residual, scale=scale)
+    return run(x, out, bias, residual)
+
+
+def bind(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, activation=None, residual=None,
+         scale=1.0):
+    """launch's checks and set-up done once: run(x, out, bias, residual) launches on tensors laid
+    out as these (shapes, strides, dtypes, 16-byte alignment; the same epilogue), giving only
+    their addresses (dispatch keeps one per layout: a call's host time is then the launch's)."""
     check_operands(A, x, out, bias, residual)
     if x.shape[0] == 0 or A.shape[0] == 0:
-        return out
+        return _nothing
     epilogue = (or_null(bias), or_null(residual), *epilogue_args(out, bias, residual, activation, scale))
     if config.as_24:
         if config.variant != "wgmma":
             raise ValueError(f"as_24 runs a V:N:M weight on the wgmma variant, got {config}")
-        _launch_wgmma(A, x, out, _as_plain_24(config), epilogue, as_24=True)
-    elif config.variant == "wgmma":
-        _launch_wgmma(A, x, out, config, epilogue)
-    else:
-        _launch_mma(A, x, out, config, epilogue)
+        return _bind_wgmma(A, x, out, _as_plain_24(config), epilogue, as_24=True)
+    if config.variant == "wgmma":
+        return _bind_wgmma(A, x, out, config, epilogue)
+    return _bind_mma(A, x, out, config, epilogue)
+
+
+def _nothing(x, out, bias, residual):
     return out
 
 
-def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
+def _bind_mma(A, x, out, config: Config, epilogue: tuple):
     values, meta, mt, kt = packed(A)
     M, K = A.shape
     N = x.shape[0]
@@ -582,15 +593,21 @@ def _launch_mma(A, x, out, config: Config, epilogue: tuple) -> None:
         x_vec = int(sxk == 1 and (sxn % 8 == 0 or N == 1) and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
     grid = (-(-N // config.bn), row_blocks, 1)
-    kernel(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols, map_rows, M, K, N, mt,
-           kt, sxn, sxk, x_vec, kx, *rest,
-           shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0)
+    prepared = kernel.prepare(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols,
+                              map_rows, M, K, N, mt, kt, sxn, sxk, x_vec, kx, *rest,
+                              shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0,
+                              slots=(2, 3, 4, 5))
+
+    def run(x, out, bias, residual):
+        prepared(_tokens_major(x)[0] if gather == 2 else x, out, bias, residual)
+        return out
+    return run
 
 
 _NO_TENSOR_MAP = bytes(128)  # V:N:M's launches gather x by hand
 
 
-def _launch_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False) -> None:
+def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False):
     """as_24: A (V:N:M) runs as the 2:4 matrix it also is, from its as_24 packing."""
     vnm = isinstance(A, VNM) and not as_24
     boxes = wgmma_boxes(config, A.v) if vnm else 0
@@ -600,13 +617,15 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = Fals
     if vnm and A.shape[1] * (-(-N // 8) * 8) >= 2**31:
         raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
     values, meta, stages_k = packed_wgmma(A, config.bm, config.cluster_m, as_24)
+    box_rows = config.bn // config.cluster_m  # each CTA's share of a box of x
     if vnm:
         xt, ldx, n_alloc = _tokens_major(x)
         (cols, full_stages), x_map, v_rows = wgmma_column_map(A, stages_k, config.bm), _NO_TENSOR_MAP, A.v
+        x_copied = False
     else:
-        if x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
-            x = x.contiguous()  # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T)
-        x_map = cuda.tensor_map_2d(x, WGMMA_BK, config.bn // config.cluster_m)  # each CTA's share of a box
+        # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T): else a copy
+        x_copied = bool(x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16)
+        x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
         xt, ldx, n_alloc, cols, v_rows, full_stages = NULL, 0, 0, NULL, 1, 0
     kernel = _kernel(config, values.dtype, x.device, boxes)
     # (a V:N:M weight's rows pad to V, which may pass them; a cluster's row blocks come whole)
@@ -620,8 +639,8 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = Fals
         sms = _sm_count(x.device)
         grid = sms // config.cluster_m * config.cluster_m
         # a split tail's halves keep their partial sums in ws (the kernel decides whether to split):
-        # sized for any tile and taken on every launch, so that the first one, before any CUDA graph
-        # is captured, allocates them (a capture must not)
+        # sized for any tile and taken when bound, before any CUDA graph is captured (a capture
+        # must not allocate)
         ws = scratch(_WORKSPACE, x.device, torch.float32, sms * 128 * 256)
         counters = arrival_counters(x.device, sms)
     # a 16-bit out, contiguous along M, scale and bias only: its tiles stored by the tensor copy engine
@@ -629,9 +648,24 @@ def _launch_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = Fals
     tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and act == 0
                   and p_res is NULL)
     out_map = cuda.tensor_map_2d(out, 64, _epi_tokens(config)) if tma_out else _NO_TENSOR_MAP
-    kernel((grid, 1, 1), (WGMMA_THREADS, 1, 1), x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows,
-           full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest,
-           shmem=_wgmma_smem_bytes(config, boxes))
+    args = (x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,
+            N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
+    shmem = _wgmma_smem_bytes(config, boxes)
+    if vnm:
+        prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=shmem, slots=(5, 11, 12, 13))
+
+        def run(x, out, bias, residual):
+            prepared(_tokens_major(x)[0], out, bias, residual)
+            return out
+        return run
+    prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=shmem, slots=(0, 1, 11, 12, 13))
+    epi_tokens = _epi_tokens(config)
+
+    def run(x, out, bias, residual):
+        x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
+        prepared(x_map, cuda.tensor_map_2d(out, 64, epi_tokens) if tma_out else _NO_TENSOR_MAP, out, bias, residual)
+        return out
+    return run
 
 
 _WORKSPACE: dict = {}  # (device, dtype) -> the split tail's partial sums

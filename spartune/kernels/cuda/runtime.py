@@ -149,6 +149,7 @@ class KernelParams:
             offsets.append(end + pad)
             end += pad + size
         self.struct = struct.Struct(fmt)
+        self.offsets = tuple(offsets)
         self._buffer = ctypes.create_string_buffer(end + 64)
         base = ctypes.addressof(self._buffer)
         base += -base % 64  # the descriptors' alignment, for the buffer's start too
@@ -241,21 +242,31 @@ class LoadedKernel:
     def __call__(self, grid, block, *args, shmem: int = 0) -> None:
         """Launch on the current stream. Host time matters (PERF-NOTES.md): a launch packs the
         arguments into its signature's buffer and calls the driver, nothing more."""
-        if shmem > self._shmem_limit:
-            self.allow_shared_memory(shmem)
-        grid, block = _dim3(grid), _dim3(block)
+        self._reserve(shmem)
         signature = tuple(map(type, args))
         cache = self._params.__dict__
         params = cache.get(signature)
         if params is None:
             params = cache[signature] = KernelParams(signature)
         params.pack(params.values(args, self.device_index))
+        self._launch((self._handle, *_dim3(grid), *_dim3(block), shmem), params.pointers)
+
+    def prepare(self, grid, block, *args, shmem: int = 0, slots: tuple[int, ...] = ()) -> "PreparedLaunch":
+        """This launch with its arguments packed once; a call fills the arguments at `slots`."""
+        return PreparedLaunch(self, grid, block, args, shmem, slots)
+
+    def _reserve(self, shmem: int) -> None:
+        if shmem > self._shmem_limit:
+            self.allow_shared_memory(shmem)
+
+    def _launch(self, launch_args: tuple, pointers) -> None:
+        """cuLaunchKernel((kernel, grid, block, shmem), the current stream, `pointers`)."""
         stream = _current_stream_handle(self.device_index)
         launch = _cu_launch_kernel()
-        err = launch(self._handle, *grid, *block, shmem, stream, params.pointers, None)
+        err = launch(*launch_args, stream, pointers, None)
         if err == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(self.device_index):
             # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
-            err = launch(self._handle, *grid, *block, shmem, stream, params.pointers, None)
+            err = launch(*launch_args, stream, pointers, None)
         if err:
             from cuda.bindings import driver
 
@@ -279,6 +290,37 @@ class LoadedKernel:
     @property
     def registers(self) -> int:
         return self.kernel.attributes.num_regs
+
+
+_POINTER_SLOT, _STRUCT_SLOT = struct.Struct("=Q"), struct.Struct("=128s")
+
+
+class PreparedLaunch:
+    """One kernel's launch with its grid, block and arguments packed once, the arguments at
+    `slots` filled on each call: what a bound call changes (tensors' addresses, a TMA
+    descriptor). The caller vouches that those tensors are on the kernel's device and laid out
+    as the ones prepared with (dispatch keys its bound calls by that layout). A slot takes a
+    tensor, None (a null pointer) or, where bytes were prepared, a 128-byte descriptor."""
+
+    def __init__(self, kernel: LoadedKernel, grid, block, args: tuple, shmem: int, slots: tuple[int, ...]):
+        kernel._reserve(shmem)
+        params = KernelParams(tuple(map(type, args)))
+        params.pack(params.values(args, kernel.device_index))  # (checks every tensor's device once)
+        for i in slots:
+            if not (type(args[i]) is bytes or isinstance(args[i], (torch.Tensor, np.uint64))):
+                raise TypeError(f"slot {i} holds a pointer or a descriptor, got {type(args[i]).__name__}")
+        self._kernel, self._params = kernel, params
+        self._launch_args = (kernel._handle, *_dim3(grid), *_dim3(block), shmem)
+        self._slots = tuple((params.offsets[i], _STRUCT_SLOT if type(args[i]) is bytes else _POINTER_SLOT)
+                            for i in slots)
+        self._lock = threading.Lock()  # one buffer: a call on another thread waits for the driver to copy it
+
+    def __call__(self, *values) -> None:
+        with self._lock:
+            view = self._params._view
+            for (offset, slot), v in zip(self._slots, values, strict=True):
+                slot.pack_into(view, offset, v if slot is _STRUCT_SLOT else 0 if v is None else v.data_ptr())
+            self._kernel._launch(self._launch_args, self._params.pointers)
 
 
 _tensor_maps: dict[tuple, bytes] = {}  # (address, geometry, dtype, box) -> descriptor

@@ -412,3 +412,42 @@ def test_grid_and_block_dimensions():
     for bad in (0, -1, 2**32 + 5, (1, 2, 3, 4), ()):
         with pytest.raises(ValueError, match="dimensions"):
             R._dim3(bad)
+
+
+def test_prepared_launch_packs_once_and_fills_its_slots(monkeypatch):
+    """A bound call's launch: every argument packed when prepared, then only the slots change
+    (a tensor's address, None as a null pointer, a descriptor), on each call's current stream."""
+    import ctypes
+
+    import numpy as np
+
+    from spartune.kernels.cuda import runtime as R
+
+    seen = []
+
+    def fake_launch(handle, gx, gy, gz, bx, by, bz, shmem, stream, pointers, extra):
+        p = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        seen.append(((handle, gx, gy, gz, bx, by, bz, shmem, stream),
+                     ctypes.c_uint64.from_address(p[0]).value, ctypes.c_int32.from_address(p[1]).value,
+                     ctypes.c_uint64.from_address(p[2]).value, ctypes.string_at(p[3], 128)))
+        return 0
+
+    monkeypatch.setattr(R, "_launch_kernel", fake_launch)
+    monkeypatch.setattr(R, "_current_stream_handle", lambda index: 77)
+    kernel = R.LoadedKernel.__new__(R.LoadedKernel)
+    kernel.device_index, kernel._handle, kernel._shmem_limit = -1, 5, R.DEFAULT_SHMEM_LIMIT
+    a, b, c = torch.zeros(4), torch.zeros(8), torch.zeros(2)
+    desc = bytes(range(128))
+    prepared = kernel.prepare((3, 1, 1), 128, a, 9, np.uint64(0), desc,
+                              shmem=1024, slots=(0, 2, 3))
+    prepared(b, c, bytes(128))
+    prepared(a, None, desc)
+    assert seen == [((5, 3, 1, 1, 128, 1, 1, 1024, 77), b.data_ptr(), 9, c.data_ptr(), bytes(128)),
+                    ((5, 3, 1, 1, 128, 1, 1, 1024, 77), a.data_ptr(), 9, 0, desc)]
+    with pytest.raises(ValueError):  # as many values as slots
+        prepared(a, None)
+    with pytest.raises(TypeError, match="slot 1"):  # an int is the kernel's, not a pointer to fill
+        kernel.prepare(1, 1, a, 9, slots=(1,))
+    with pytest.raises(ValueError, match="cuda:0"):  # tensors are checked once, when prepared
+        kernel.device_index = 0
+        kernel.prepare(1, 1, a, 9, slots=(0,))
