@@ -97,6 +97,7 @@ def case(pattern, M, K, N, density, dtype, calls, rounds, gen) -> dict:
             "linear_us": statistics.median(t_op), "raw_launch_us": statistics.median(t_raw),
             "overhead_us": statistics.median(a - b for a, b in zip(t_op, t_raw)),
             "flinear_us": statistics.median(t_dense), "module_us": statistics.median(t_module),
+            "linear_best_us": min(t_op), "flinear_best_us": min(t_dense),
             "memo_hit_first_call_ms": memo_hit,
             "db_hit_first_call_ms": db_hit}
 
@@ -120,7 +121,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"{'pattern':<9} {'M x K':>11} {'N':>4} {'dtype':<9} {'linear':>7} {'raw':>6} {'over':>6} {'module':>6} {'F.lin':>6} "
+    print(f"{'pattern':<9} {'M x K':>11} {'N':>4} {'dtype':<9} {'linear':>7} {'raw':>6} {'over':>6} {'module':>6} {'F.lin':>6} {'best':>11} "
           f"{'memo ms':>8} {'db ms':>7}  picked")
     for r in rows:
         head = f"{r['pattern']:<9} {r['M']:>5}x{r['K']:<5} {r['N']:>4} {r['dtype']:<9}"
@@ -128,10 +129,10 @@ def main() -> None:
             print(f"{head} ERROR {r['error']}")
             continue
         print(f"{head} {r['linear_us']:7.1f} {r['raw_launch_us']:6.1f} {r['overhead_us']:6.1f} {r['module_us']:6.1f} "
-              f"{r['flinear_us']:6.1f} "
+              f"{r['flinear_us']:6.1f} {r['linear_best_us']:5.1f}/{r['flinear_best_us']:<5.1f} "
               f"{r['memo_hit_first_call_ms']:8.2f} {r['db_hit_first_call_ms']:7.2f}  {r['picked'][:60]}")
     print("host us per call: linear, raw launch of the chosen kernel, overhead = linear - raw, SparseLinear "
-          "module, F.linear dense")
+          "module, F.linear dense (medians of the rounds); best: linear / F.linear, the least of the rounds")
 
 
 if __name__ == "__main__":

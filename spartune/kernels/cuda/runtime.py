@@ -7,6 +7,7 @@ Python ints as int32, allocates nothing, never synchronises, and goes on
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 import os
 import struct
@@ -126,6 +127,27 @@ _KINDS = {int: ("i", 4, 4), bool: ("i", 4, 4), float: ("f", 4, 4), bytes: ("128s
 _POINTER = ("Q", 8, 8)
 
 
+@functools.lru_cache(maxsize=256)
+def _signature_layout(signature: tuple[type, ...]) -> tuple:
+    """(struct, each argument's offset, the tensors' indices, the descriptors', size in bytes)."""
+    fmt, offsets, end = "=", [], 0
+    for kind in signature:
+        if issubclass(kind, torch.Tensor):
+            code, size, align = _POINTER
+        else:
+            base = kind if kind in _KINDS else next((k for k in (bool, int, float) if issubclass(kind, k)), None)
+            if base is None:
+                raise TypeError(f"unsupported kernel argument {kind.__name__}")
+            code, size, align = _KINDS[base]
+        pad = -end % align
+        fmt += f"{pad}x{code}" if pad else code
+        offsets.append(end + pad)
+        end += pad + size
+    tensors = tuple(i for i, kind in enumerate(signature) if issubclass(kind, torch.Tensor))
+    structs = tuple(i for i, kind in enumerate(signature) if kind is bytes)
+    return struct.Struct(fmt), tuple(offsets), tensors, structs, end
+
+
 class KernelParams:
     """The `kernelParams` of one argument signature: a buffer holding every argument at its
     natural alignment and the array of pointers into it that cuLaunchKernel reads. The driver
@@ -133,28 +155,12 @@ class KernelParams:
     thread (the launch releases the GIL: each thread keeps its own)."""
 
     def __init__(self, signature: tuple[type, ...]):
-        fmt, offsets, end = "=", [], 0
-        self.tensors = tuple(i for i, kind in enumerate(signature) if issubclass(kind, torch.Tensor))
-        self.structs = tuple(i for i, kind in enumerate(signature) if kind is bytes)
-        for kind in signature:
-            if issubclass(kind, torch.Tensor):
-                code, size, align = _POINTER
-            else:
-                base = kind if kind in _KINDS else next((k for k in (bool, int, float) if issubclass(kind, k)), None)
-                if base is None:
-                    raise TypeError(f"unsupported kernel argument {kind.__name__}")
-                code, size, align = _KINDS[base]
-            pad = -end % align
-            fmt += f"{pad}x{code}" if pad else code
-            offsets.append(end + pad)
-            end += pad + size
-        self.struct = struct.Struct(fmt)
-        self.offsets = tuple(offsets)
+        self.struct, self.offsets, self.tensors, self.structs, end = _signature_layout(signature)
         self._buffer = ctypes.create_string_buffer(end + 64)
         base = ctypes.addressof(self._buffer)
         base += -base % 64  # the descriptors' alignment, for the buffer's start too
         self._view = (ctypes.c_char * max(end, 1)).from_address(base)
-        self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+        self.pointers = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
 
     def values(self, args, device_index: int) -> list:
         """What the launch packs: tensors by address (on the kernel's device), the rest as given."""
