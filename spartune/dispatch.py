@@ -170,10 +170,10 @@ def _bound(A0, family, config):
     launch itself (benchmarks/LOG.md, session 28). A bound call reads the weight's layouts as
     packed then: a change of its values in place (an optimizer step) binds again."""
     bound: dict = {}
-    bind = family.bind
+    bind, weight = family.bind, weakref.ref(A0)  # (A0's dispatch state holds this: no strong reference back)
 
     def run(A, x, out, bias=None, activation=None, residual=None, scale=1.0):
-        if A is not A0:
+        if A is not weight():
             return family.launch(A, x, out, config, bias=bias, activation=activation, residual=residual, scale=scale)
         key = (x.shape, x.stride(), x.data_ptr() % 16, out.shape, out.stride(), out.data_ptr() % 16, out.dtype,
                None if bias is None else (bias.dtype, bias.stride()),

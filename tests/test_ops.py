@@ -8,6 +8,7 @@ choice is cached beside the weight (the tuner is not called again); bad inputs r
 errors before any kernel runs.
 """
 import gc
+import weakref
 
 import pytest
 import torch
@@ -381,9 +382,11 @@ class BindingFamily:
 
     def bind(self, A, x, out, config, *, bias=None, activation=None, residual=None, scale=1.0):
         self.binds.append((tuple(x.stride()), None if bias is None else bias.dtype, scale))
+        weight = A.to_dense().double()  # (as a family's bound run, it holds no reference to A)
 
         def run(x, out, bias, residual):
-            out.copy_(ref.linear(x, A, bias, activation, residual, scale))
+            y = scale * (x.double() @ weight.T)
+            out.copy_(y if bias is None else y + bias)
             return out
         return run
 
@@ -400,7 +403,8 @@ def test_a_cuda_familys_tuned_call_is_bound_once_per_layout():
     run = dispatch._bound(A, family, config=None)
     g = _gen(21)
 
-    def call(x, bias=None, scale=1.0, weight=A):
+    def call(x, bias=None, scale=1.0, weight=None):
+        weight = A if weight is None else weight
         out = torch.empty(x.shape[0], M)
         check_close(run(weight, x, out, bias, None, None, scale), ref.linear(x, weight, bias, None, None, scale),
                     torch.float32)
@@ -421,6 +425,10 @@ def test_a_cuda_familys_tuned_call_is_bound_once_per_layout():
     assert len(family.binds) == 6
     call(torch.randn(5, K, generator=g), weight=make_format("csr"))  # another weight: launched, not bound
     assert family.launches == 1
+    ref_A = weakref.ref(A)
+    del A
+    gc.collect()
+    assert ref_A() is None  # the launcher (held by the weight's dispatch state) does not keep it alive
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -340,7 +340,8 @@ def bind(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=Non
     grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
     split = ell.slices > 1 and config.ck == 1  # K slices summed through a workspace, one per call
     ws_numel = grid[2] * ell.slices * ell.groups * R * config.nt
-    workspace = (lambda: torch.empty(ws_numel, dtype=torch.float32, device=x.device)) if split else lambda: None
+    device = x.device  # (the bound run holds no operand of this call)
+    workspace = (lambda: torch.empty(ws_numel, dtype=torch.float32, device=device)) if split else lambda: None
     counters = arrival_counters(x.device, grid[0] * grid[2]) if split else or_null(None)
     kernel = _kernel(config, A.values.dtype, x.device)
     prepared = kernel.prepare(grid, (32 * config.warps, 1, 1), ell.words, ell.offsets, ell.rows, x, out,

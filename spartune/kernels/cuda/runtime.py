@@ -316,6 +316,9 @@ class PreparedLaunch:
             if not (type(args[i]) is bytes or isinstance(args[i], (torch.Tensor, np.uint64))):
                 raise TypeError(f"slot {i} holds a pointer or a descriptor, got {type(args[i]).__name__}")
         self._kernel, self._params = kernel, params
+        # the tensors it reads at fixed addresses (a weight's packed layouts, a workspace) live as
+        # long as it does, whatever their owner drops
+        self._holds = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in slots]
         self._launch_args = (kernel._handle, *_dim3(grid), *_dim3(block), shmem)
         self._slots = tuple((params.offsets[i], _STRUCT_SLOT if type(args[i]) is bytes else _POINTER_SLOT)
                             for i in slots)
