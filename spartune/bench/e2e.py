@@ -155,7 +155,7 @@ def captured(fn, device: str):
 
 def _variants(model, call, workload: Workload, device: str, compile: bool) -> dict[str, Callable]:
     """eager and compiled; with CUDA graphs too: the decode workloads capture both by hand (as
-    serving engines do), the others add torch.compile's mode="reduce-overhead"."""
+    serving engines do) beside the plain calls, the others add torch.compile's mode="reduce-overhead"."""
     fns = {"eager": call(model)}
     cuda = torch.device(device).type == "cuda"
     if compile:
@@ -165,7 +165,7 @@ def _variants(model, call, workload: Workload, device: str, compile: bool) -> di
             graphed = call(torch.compile(model, mode="reduce-overhead"))
             fns["compile+graphs"] = lambda: (torch.compiler.cudagraph_mark_step_begin(), graphed())[1]
     if workload.graphed and cuda:
-        fns = {f"{k}+graph": captured(f, device) for k, f in fns.items()}
+        fns = {**fns, **{f"{k}+graph": captured(f, device) for k, f in fns.items()}}
     return fns
 
 
