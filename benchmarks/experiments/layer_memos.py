@@ -38,7 +38,8 @@ def report(model, stage):
                 total[k.rstrip("0123456789_")] += memo[k]
         own = sum(t.untyped_storage().nbytes() for t in (A.values, A.idx)) / 2**20 if hasattr(A, "idx") else 0
         wst = dispatch._states.get(A)
-        chosen = {} if wst is None else {k[0]: (c.backend, getattr(c.config, "variant", None)) for k, c in wst.chosen.items()}
+        chosen = [] if wst is None else [(k[0], k[3:8], c.backend, getattr(c.config, "bm", None), round(c.measured * 1e6, 1)
+                                          if c.measured else None) for k, c in wst.chosen.items()]
         say(f"  {name:24s} own {own:6.1f} MB memos {', '.join(f'{k}={v:.1f}' for k, v in memo.items())} chosen {chosen}")
     say(f"  totals by memo kind: {dict((k, round(v, 1)) for k, v in total.items())}")
 
@@ -55,10 +56,4 @@ with torch.no_grad():
     call(torch.compile(model))()
     torch.cuda.synchronize()
     report(model, "compiled prefill 2048")
-    graphed = call(torch.compile(model, mode="reduce-overhead"))
-    for _ in range(3):
-        torch.compiler.cudagraph_mark_step_begin()
-        graphed()
-    torch.cuda.synchronize()
-    report(model, "compile+graphs prefill 2048")
 open(os.path.join(out_dir, "layer_memos.txt"), "w").write("\n".join(lines) + "\n")
