@@ -514,13 +514,13 @@ def instances(problem: Problem, config: Config) -> list:
 
 def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0):
     """gather: 0 for 2:4; V:N:M: `mma_gather(config)` (mma), or the boxes of x per stage (wgmma).
-    act: the activation's code, compiled into mma instances (their epilogue, unrolled over every
-    accumulator, then inlines one activation); the wgmma epilogue takes it at run time."""
+    act: the activation's code, compiled into the instance (its epilogue, unrolled over every
+    accumulator, then inlines one activation)."""
     if config.variant == "wgmma":
         cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-            "STAGES": config.stages, "GATHER": gather, **cluster}, arch_specific=True)
+            "STAGES": config.stages, "GATHER": gather, "SPARTUNE_ACT": act, **cluster}, arch_specific=True)
     cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
@@ -627,7 +627,7 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         x_copied = bool(x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16)
         x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
         xt, ldx, n_alloc, cols, v_rows, full_stages = NULL, 0, 0, NULL, 1, 0
-    kernel = _kernel(config, values.dtype, x.device, boxes)
+    kernel = _kernel(config, values.dtype, x.device, boxes, epilogue[-2])  # (the activation's code)
     # (a V:N:M weight's rows pad to V, which may pass them; a cluster's row blocks come whole)
     row_blocks = math.ceil(M / (config.bm * config.cluster_m)) * config.cluster_m
     p_bias, p_res, *rest = epilogue
@@ -643,10 +643,9 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         # must not allocate)
         ws = scratch(_WORKSPACE, x.device, torch.float32, sms * 128 * 256)
         counters = arrival_counters(x.device, sms)
-    # a 16-bit out, contiguous along M, scale and bias only: its tiles stored by the tensor copy engine
-    son, som, _, _, out_code, _, _, act, _ = rest
-    tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and act == 0
-                  and p_res is NULL)
+    # a 16-bit out, contiguous along M, no residual: its tiles stored by the tensor copy engine
+    son, som, _, _, out_code, _, _, _, _ = rest
+    tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and p_res is NULL)
     out_map = cuda.tensor_map_2d(out, 64, _epi_tokens(config)) if tma_out else _NO_TENSOR_MAP
     args = (x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,
             N, stages_k, row_blocks, config.group_m, ws, counters, *rest)

@@ -232,6 +232,26 @@ def test_wgmma_epilogues_on_persistent_clustered_and_split_tiles(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_fused_epilogue_paths(dtype):
+    """Each way the wgmma epilogue finishes a tile: an activation (compiled in) through the copy
+    engine's stores; a 16-bit residual read 8 rows at a time (contiguous, or rows of a wider
+    tensor); and the element-wise path for an fp32 residual and a misaligned one. Rows past a
+    tile's edge (M = 1032) and tokens past N's."""
+    M, Kd, N = 1032, 512, 300
+    w, A, x, bias, _ = operands(M, Kd, N, dtype, 15)
+    cfg = configs_of(A, N, "wgmma")[0]
+    for activation in ACTS:
+        out = run(A, x, cfg, bias=bias, activation=activation)
+        assert not out.isnan().any() and rel(out, reference(x, w, bias, activation)) <= TOL, activation
+    wide = torch.randn(N, M + 24, device="cuda", dtype=dtype)
+    residuals = {"contiguous": torch.randn(N, M, device="cuda", dtype=dtype), "rows of a wider tensor": wide[:, 8:M + 8],
+                 "fp32": torch.randn(N, M, device="cuda"), "misaligned": wide[:, 1:M + 1]}
+    for name, res in residuals.items():
+        out = run(A, x, cfg, bias=bias, activation="gelu", residual=res)
+        assert not out.isnan().any() and rel(out, reference(x, w, bias, "gelu", residual=res)) <= TOL, name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_wgmma_copy_engine_stores_stop_at_the_output_edges(dtype):
     """out a view inside a wider buffer (M not a multiple of the 64-row boxes): the boxes' stores
     are clipped to M and N, the columns around stay as they were."""

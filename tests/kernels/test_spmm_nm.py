@@ -260,11 +260,11 @@ def test_instances_are_what_each_config_loads():
         wg = [c for c in K.space(prob) if c.variant == "wgmma"]
         assert len({K.instances(prob, c)[0] for c in wg}) == len({(c.bm, c.bn, c.stages, c.cluster_m, c.as_24 or pattern == "2:4")
                                                                   for c in wg})
-        # the mma epilogue's activation is compiled in (one per instance); wgmma's is not
+        # the epilogue's activation is compiled in (one per instance), in both variants
         gelu = Problem("linear", A.signature, 4096, 4096, 2048, dtype, A.stats(), Epilogue(activation="gelu"), hopper)
         for c in K.space(prob)[:3] + wg[:1]:
-            defines = dict(K.instances(gelu, c)[0].defines)
-            assert defines.get("SPARTUNE_ACT") == (2 if c.variant == "mma" else None)
+            assert dict(K.instances(gelu, c)[0].defines)["SPARTUNE_ACT"] == 2
+            assert dict(K.instances(prob, c)[0].defines)["SPARTUNE_ACT"] == 0
 
 
 def test_compile_space_without_a_gpu_compiles_nothing():

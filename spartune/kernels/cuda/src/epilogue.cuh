@@ -38,6 +38,12 @@ __device__ __forceinline__ unsigned pack_16bit(float a, float b, int code) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// Half `which` (0: the lower address) of a word of two 16-bit values (code 0 fp16, 1 bf16).
+__device__ __forceinline__ float unpack_16bit(unsigned word, int which, int code) {
+  const unsigned short h = which ? word >> 16 : word & 0xffffu;
+  return code == 0 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
+}
+
 // exp2 and 1/x as one MUFU instruction each (~2 ulp): a full-precision division or erff costs
 // several times the rest of an elementwise epilogue.
 __device__ __forceinline__ float exp2_approx(float x) {

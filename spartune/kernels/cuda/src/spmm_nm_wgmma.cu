@@ -25,6 +25,10 @@
 //   BM, BN, STAGES  rows of A (128, 256), tokens (64, 128, 256), shared-memory stages
 //   GATHER  0: 2:4 (x by TMA), 1 or 2: V:N:M, boxes of gathered x per stage
 //   CLUSTER_M  1, 2 or 4 (2:4): CTAs of a cluster sharing each x box
+//   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance (default 0)
+#ifndef SPARTUNE_ACT
+#define SPARTUNE_ACT 0
+#endif
 #include "epilogue.cuh"
 #include "wgmma_sp.cuh"
 
@@ -275,7 +279,12 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   float* staged = reinterpret_cast<float*>(smem + EPI_OFFSET);
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const bool packed_out = som == 1 && out_code != 2 && son % 8 == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
-  const bool plain = packed_out && act == 0 && residual == nullptr;  // the common case, kept cheap
+  // the common cases, unrolled (the activation is compiled in: SPARTUNE_ACT): no residual, or a
+  // 16-bit residual contiguous along m, read 8 rows at a time like the out it is added to
+  const bool plain = packed_out && residual == nullptr;
+  const bool res_rows = packed_out && residual != nullptr && res_code != 2 && srm == 1 && srn % 8 == 0 &&
+                        (reinterpret_cast<size_t>(residual) & 15) == 0;
+  constexpr int ACT = SPARTUNE_ACT;  // (the act argument is the host's copy)
 
   // it: stages consumed before this segment (the ring of stages runs on across tiles)
   __shared__ int last_part;
@@ -378,7 +387,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   // epilogue: the accumulators go through shared memory EPI_TOKENS tokens at a time, so that the
   // stores run along m, coalesced. Thread (warp, g, t) holds, per m64 sub-tile and 8-token slice j,
   // rows g and g + 8 of its warp's 16 at tokens 2t and 2t + 1. tma_out (a 16-bit out, contiguous
-  // along m, scale and bias only: the host checks): the finished values go 16-bit into boxes of
+  // along m, no residual: the host checks): the finished values go 16-bit into boxes of
   // 64 rows x EPI_TOKENS tokens (128-byte swizzle) that the tensor copy engine stores while the
   // consumers go on to the next tile; else fp32 into rows of tokens, stored by the threads
   // through the generic epilogue.
@@ -406,8 +415,9 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
           unsigned packed[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            packed[h] = spartune::pack_16bit(acc[i][4 * j + 2 * h] * scale + bias_r[i][h],
-                                             acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h], out_code);
+            packed[h] = spartune::pack_16bit(spartune::activate(acc[i][4 * j + 2 * h] * scale + bias_r[i][h], ACT),
+                                             spartune::activate(acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h], ACT),
+                                             out_code);
           // lane l < 16 gives the address of stored row (token) 8 jj + l % 8, rows m .. m + 7 of
           // matrix l / 8 (m = this warp's 16 rows, then 8 on)
           const int n = 8 * jj + (lane & 7), m = c * (BM / 2) + i * 64 + warp * 16 + 8 * ((lane >> 3) & 1);
@@ -443,12 +453,23 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
       const float4 lo = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m);
       const float4 hi = *reinterpret_cast<const float4*>(staged + nq * TILE_STRIDE + m + 4);
       const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      if (plain && row + 8 <= M) {  // scale and bias only: unrolled, no local arrays, one 16-byte store
+      if ((plain || res_rows) && row + 8 <= M) {  // unrolled, no local arrays, 16-byte loads and store
+        float y[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) y[q] = spartune::activate(v[q] * scale + epi.bias_of(row + q), ACT);
+        if (res_rows) {
+          const uint4 r = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(residual) +
+                                                          (long long)(n0 + n) * srn + row);
+          const unsigned words[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            y[2 * q] += spartune::unpack_16bit(words[q], 0, res_code);
+            y[2 * q + 1] += spartune::unpack_16bit(words[q], 1, res_code);
+          }
+        }
         unsigned packed[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          packed[q] = spartune::pack_16bit(v[2 * q] * scale + epi.bias_of(row + 2 * q),
-                                           v[2 * q + 1] * scale + epi.bias_of(row + 2 * q + 1), out_code);
+        for (int q = 0; q < 4; ++q) packed[q] = spartune::pack_16bit(y[2 * q], y[2 * q + 1], out_code);
         *reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(out) + (long long)(n0 + n) * son + row) =
             make_uint4(packed[0], packed[1], packed[2], packed[3]);
       } else if (packed_out && row + 8 <= M) {  // one 16-byte store
