@@ -22,39 +22,43 @@ def say(s):
     report.write(s + "\n")
 
 
-def host_us(fn, calls=50):
-    best = float("inf")
-    for _ in range(5):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(calls * 3000 * 2e3))
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t) / calls)
-        torch.cuda.synchronize()
-    return best * 1e6
+def wall_us(fns, calls=100, rounds=7):
+    """Per-call wall time of each fn, rounds in turns (the layer is host-bound in eager: a GPU
+    sleep ahead would fill the launch queue and block), median of the rounds."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[k].append((time.perf_counter() - t) / calls * 1e6)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
 torch.set_grad_enabled(False)
 for n in (1, 8):
+    fns, models_ = {}, {}
     for pattern in ("dense", "2:4", "64:2:8"):
         torch.manual_seed(0)
         model, call = e2e._llama(n, decode=True)(torch.float16, "cuda", False)
         if pattern != "dense":
             st.sparsify(model, pattern)
-        fn = call(model)
-        fn()
+        fns[pattern] = call(model)
+        fns[pattern]()
         torch.cuda.synchronize()
-        say(f"N={n} {pattern}: host us per layer call {host_us(fn):.0f}")
-        if pattern != "dense":
-            prof = cProfile.Profile()
-            torch.cuda._sleep(int(50 * 3000 * 2e3))
-            prof.enable()
-            for _ in range(50):
-                fn()
-            prof.disable()
-            torch.cuda.synchronize()
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
-            say(s.getvalue())
+    times = wall_us(fns)
+    say(f"N={n} eager layer us per call (median of 7 rounds in turns): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
+    for pattern in ("2:4", "64:2:8"):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            fns[pattern]()
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+        say(f"N={n} {pattern}")
+        say(s.getvalue())
 open(os.path.join(out_dir, "decode_host.txt"), "w").write(report.getvalue())
