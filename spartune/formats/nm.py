@@ -20,6 +20,61 @@ from ._base import (
 POSITION = (torch.uint8,)
 
 
+def position_bits(m: int) -> int:
+    """Bits a stored position inside a group of m takes: 1, 2, 4 or 8 (a code never straddles a
+    byte). 2 for 2:4: a 2:4 weight stores 2 + 0.25 bytes a kept fp16 value, as the hardware's
+    metadata does, not 3."""
+    need = max(1, (m - 1).bit_length())
+    return next(b for b in (1, 2, 4, 8) if b >= need)
+
+
+def pack_positions(positions: torch.Tensor, bits: int) -> torch.Tensor:
+    """(rows, count) positions below 2**bits as uint8 codes, 8 // bits a byte, the first in the low
+    bits; a row's last byte is padded with zero codes."""
+    per = 8 // bits
+    if per == 1:
+        return positions.to(torch.uint8).contiguous()
+    rows, count = positions.shape
+    grouped = F.pad(positions.to(torch.int32), (0, -count % per)).reshape(rows, -(-count // per), per)
+    shifts = torch.arange(per, device=positions.device, dtype=torch.int32) * bits
+    return (grouped << shifts).sum(-1).to(torch.uint8)  # (disjoint bit fields: the sum is their OR)
+
+
+def unpack_positions(codes: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """pack_positions' inverse: (rows, count) uint8 positions."""
+    per = 8 // bits
+    if per == 1:
+        return codes
+    shifts = torch.arange(per, device=codes.device, dtype=torch.int32) * bits
+    positions = (codes.to(torch.int32)[..., None] >> shifts) & ((1 << bits) - 1)
+    return positions.reshape(codes.shape[0], codes.shape[1] * per)[:, :count].to(torch.uint8)
+
+
+def _packed_positions(fmt, count: int, bits: int) -> None:
+    """A format constructed with its positions one a byte (as checkpoints stored them before
+    2026-11-27, and as a caller may hold them) keeps them packed: `idx` holds the codes."""
+    idx = fmt.idx
+    if bits < 8 and isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.shape[1] == count > 1:
+        check_range("idx", idx, 0, 1 << bits)
+        object.__setattr__(fmt, "idx", pack_positions(idx, bits))
+
+
+def _well_formed(shape, *ints) -> bool:
+    """Whether the fields the packing reads are plain ints (the validation reports the rest)."""
+    return isinstance(shape, tuple) and len(shape) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in (*shape, *ints))
+
+
+def _check_codes(name: str, codes: torch.Tensor, rows: int, count: int, bits: int, device) -> torch.Tensor:
+    """The positions `codes` hold, once their dtype, shape and padding are checked."""
+    per = 8 // bits
+    check_tensor(name, codes, dtypes=POSITION, dim=2, shape=(rows, -(-count // per)), device=device)
+    positions = unpack_positions(codes, bits, count)
+    if per > 1 and count % per and bool((codes[:, -1].to(torch.int32) >> (count % per * bits)).any()):
+        raise ValueError(f"{name}: the codes past a row's last position must be zero")
+    return positions
+
+
 def pick_positions(nonzero: torch.Tensor, k: int) -> torch.Tensor:
     """Along the last dim, `k` positions holding every nonzero, padded with the first free
     positions, in increasing order. The caller has checked that nonzeros number <= k."""
@@ -45,15 +100,26 @@ def _check_positions(name: str, idx: torch.Tensor, limit: int, per: int) -> None
 class NM(SparseFormat):
     """In every run of M consecutive columns of a row, N entries are stored.
 
-    `values[r, g*N + i]` sits at column `g*M + idx[r, g*N + i]`. K that is not a multiple of
-    M is padded inside; stored entries in the padding are zero.
+    `values[r, g*N + i]` sits at column `g*M + positions[r, g*N + i]`. K that is not a multiple
+    of M is padded inside; stored entries in the padding are zero. `idx` holds the positions
+    packed, `position_bits(M)` each (2 for 2:4); the constructor also takes them one a byte.
     """
 
     shape: tuple[int, int]
     n: int
     m: int
     values: torch.Tensor  # (rows, groups * n)
-    idx: torch.Tensor  # uint8 (rows, groups * n): position inside the group of m
+    idx: torch.Tensor  # uint8 (rows, ceil(groups * n / (8 // bits))): the positions, packed
+
+    def __post_init__(self):
+        if _well_formed(self.shape, self.n, self.m) and 1 <= self.m <= 128:
+            _packed_positions(self, ceil_div(self.shape[1], self.m) * self.n, position_bits(self.m))
+        super().__post_init__()
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """uint8 (rows, groups * n): each stored value's position inside its group of m."""
+        return unpack_positions(self.idx, position_bits(self.m), self.groups * self.n)
 
     @classmethod
     def from_dense(cls, w: torch.Tensor, n: int = 2, m: int = 4) -> "NM":
@@ -76,7 +142,7 @@ class NM(SparseFormat):
             n=n,
             m=m,
             values=torch.gather(runs, 2, idx).reshape(rows, groups * n).contiguous(),
-            idx=idx.reshape(rows, groups * n).to(torch.uint8).contiguous(),
+            idx=pack_positions(idx.reshape(rows, groups * n), position_bits(m)),
         )
 
     @property
@@ -92,14 +158,14 @@ class NM(SparseFormat):
         _check_nm(self.n, self.m)
         shape = (rows, self.groups * self.n)
         check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=shape)
-        check_tensor("idx", self.idx, dtypes=POSITION, dim=2, shape=shape, device=self.values.device)
-        _check_positions("idx", self.idx, self.m, self.n)
+        positions = _check_codes("idx", self.idx, rows, shape[1], position_bits(self.m), self.values.device)
+        _check_positions("idx", positions, self.m, self.n)
         if self.groups * self.m != cols and bool(self._columns().ge(cols).logical_and(self.values != 0).any()):
             raise ValueError("values stored in the column padding (beyond K) must be zero")
 
     def _columns(self) -> torch.Tensor:
         base = torch.arange(self.groups, device=self.idx.device).repeat_interleave(self.n) * self.m
-        return base + self.idx.long()
+        return base + self.positions.long()
 
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         rows, cols = self.shape
@@ -120,7 +186,9 @@ class VNM(SparseFormat):
     tensor cores; density 2/M.
 
     `cols[b, g]` are the 4 kept columns (offsets inside the M-block) of row-block b,
-    column-block g; `values[r, 2g + i]` sits at column `g*M + cols[r // V, g, idx[r, 2g + i]]`.
+    column-block g; `values[r, 2g + i]` sits at column `g*M + cols[r // V, g, positions[r, 2g + i]]`.
+    `idx` holds the positions (which of the 4 columns) packed, 2 bits each; the constructor also
+    takes them one a byte.
     """
 
     shape: tuple[int, int]
@@ -128,9 +196,19 @@ class VNM(SparseFormat):
     m: int
     cols: torch.Tensor  # uint8 (row blocks, col blocks, 4)
     values: torch.Tensor  # (padded rows, col blocks * 2)
-    idx: torch.Tensor  # uint8 (padded rows, col blocks * 2): which of the 4 columns
+    idx: torch.Tensor  # uint8 (padded rows, ceil(col blocks / 2)): the positions, 2 bits each
 
     n = 2  # per row inside the 4 kept columns: the hardware's 2:4
+
+    def __post_init__(self):
+        if _well_formed(self.shape, self.m) and self.m > 0:
+            _packed_positions(self, ceil_div(self.shape[1], self.m) * 2, 2)
+        super().__post_init__()
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """uint8 (padded rows, col blocks * 2): which of its block's 4 kept columns each value sits in."""
+        return unpack_positions(self.idx, 2, self.col_blocks * 2)
 
     @classmethod
     def from_dense(cls, w: torch.Tensor, v: int = 64, m: int = 8) -> "VNM":
@@ -166,7 +244,7 @@ class VNM(SparseFormat):
             m=m,
             cols=kept.to(torch.uint8).contiguous(),
             values=torch.gather(gathered, 3, idx).reshape(rb * v, cb * 2).contiguous(),
-            idx=idx.reshape(rb * v, cb * 2).to(torch.uint8).contiguous(),
+            idx=pack_positions(idx.reshape(rb * v, cb * 2), 2),
         )
 
     @property
@@ -188,10 +266,10 @@ class VNM(SparseFormat):
         dev = self.values.device
         rb, cb = self.row_blocks, self.col_blocks
         check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=(rb * self.v, cb * 2))
-        check_tensor("idx", self.idx, dtypes=POSITION, dim=2, shape=(rb * self.v, cb * 2), device=dev)
+        positions = _check_codes("idx", self.idx, rb * self.v, cb * 2, 2, dev)
         check_tensor("cols", self.cols, dtypes=POSITION, dim=3, shape=(rb, cb, 4), device=dev)
         _check_positions("cols", self.cols, self.m, 4)
-        _check_positions("idx", self.idx, 4, 2)
+        _check_positions("idx", positions, 4, 2)
         outside = self._columns().ge(cols)
         outside[rows:] = True
         if bool(outside.logical_and(self.values != 0).any()):
@@ -201,7 +279,7 @@ class VNM(SparseFormat):
         """Absolute column of every stored value, (padded rows, col blocks * 2)."""
         rb, cb, v = self.row_blocks, self.col_blocks, self.v
         per_row = self.cols.long().repeat_interleave(v, 0)  # (rb*v, cb, 4)
-        inner = torch.gather(per_row, 2, self.idx.long().reshape(rb * v, cb, 2))
+        inner = torch.gather(per_row, 2, self.positions.long().reshape(rb * v, cb, 2))
         base = torch.arange(cb, device=self.idx.device)[None, :, None] * self.m
         return (base + inner).reshape(rb * v, cb * 2)
 

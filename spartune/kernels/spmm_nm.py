@@ -394,7 +394,7 @@ def _pack(A, cols: int):
     kept = A.values.shape[1]
     pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
     values = torch.nn.functional.pad(A.values, (0, pad_k, 0, pad_r))
-    idx = A.idx.to(torch.int64)
+    idx = A.positions.to(torch.int64)
     fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
     idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
     idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 import spartune as st
+from spartune.formats import nm as nm_format
 from helpers import block_weight, random_weight
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -95,7 +96,11 @@ def test_nm_round_trip(shape, nm, dtype, rnd):
     w = torch.where(keep.reshape(rows, groups * m)[:, :cols], torch.randn(rows, groups * m, generator=g)[:, :cols], 0.0).to(dtype)
     fmt = st.NM.from_dense(w, n, m)
     check_common(fmt, w)
-    assert fmt.idx.dtype == torch.uint8
+    bits = nm_format.position_bits(m)
+    assert fmt.idx.dtype == torch.uint8 and fmt.idx.shape == (rows, -(-groups * n // (8 // bits)))
+    # the positions one a byte (a checkpoint of before the packing) make the same format
+    legacy = st.NM(shape=shape, n=n, m=m, values=fmt.values, idx=fmt.positions.clone())
+    assert torch.equal(legacy.idx, fmt.idx) and torch.equal(legacy.to_dense(), w)
 
 
 @given(shapes, hs.sampled_from([16, 32]), hs.sampled_from([4, 5, 8, 16, 128]), dtypes, hs.randoms())
@@ -207,7 +212,7 @@ def test_constructor_validates_indices():
         dataclasses.replace(s, perm=torch.zeros(20, dtype=torch.int32))
     nm = st.NM.from_dense(st.sparsify_weight(torch.randn(4, 8), "2:4").to_dense(), 2, 4)
     with pytest.raises(ValueError, match="idx must lie in"):
-        dataclasses.replace(nm, idx=nm.idx + 4)
+        dataclasses.replace(nm, idx=nm.positions + 4)
 
 
 def test_with_values_keeps_the_pattern():
@@ -215,3 +220,35 @@ def test_with_values_keeps_the_pattern():
     fmt = st.CSR.from_dense(w)
     twice = fmt.with_values(fmt.values * 2)
     assert torch.equal(twice.to_dense(), 2 * w) and torch.equal(fmt.to_dense(), w)
+
+
+@given(hs.sampled_from([1, 2, 4, 8]), hs.integers(0, 5), hs.integers(0, 13), hs.randoms())
+def test_positions_pack_and_unpack(bits, rows, count, rnd):
+    g = torch.Generator().manual_seed(rnd.randint(0, 2**31))
+    positions = torch.randint(0, 1 << bits, (rows, count), generator=g).to(torch.uint8)
+    codes = nm_format.pack_positions(positions, bits)
+    assert codes.dtype == torch.uint8 and codes.shape == (rows, -(-count // (8 // bits)))
+    assert torch.equal(nm_format.unpack_positions(codes, bits, count), positions)
+
+
+def test_two_to_four_stores_two_bits_a_position():
+    """A 2:4 weight's positions take a sixteenth of its dense bytes (fp16): values + codes are
+    0.5625x of dense, as the hardware's metadata is."""
+    fmt = st.sparsify_weight(torch.randn(64, 256, dtype=torch.float16), "2:4")
+    assert fmt.idx.numel() == 64 * 256 // 8 and fmt.positions.shape == (64, 128)
+    assert fmt.values.numel() * 2 + fmt.idx.numel() == 0.5625 * 64 * 256 * 2
+
+
+def test_packed_positions_refuse_stray_codes_and_bad_positions():
+    w = torch.randn(4, 12) * (torch.arange(12) % 4 < 2)  # 2:4, three groups: 6 positions, two bytes a row
+    fmt = st.NM.from_dense(w, 2, 4)
+    bad = fmt.idx.clone()
+    bad[:, -1] |= 0x40  # a code past the row's last position
+    with pytest.raises(ValueError, match="past a row's last position"):
+        dataclasses.replace(fmt, idx=bad)
+    with pytest.raises(ValueError, match="idx must have shape"):
+        dataclasses.replace(fmt, idx=fmt.idx[:, :1].contiguous())
+    vnm = st.VNM.from_dense(torch.randn(16, 16) * (torch.arange(16) % 8 < 2), 16, 8)
+    assert vnm.idx.shape == (16, 1) and torch.equal(
+        st.VNM(shape=vnm.shape, v=16, m=8, cols=vnm.cols, values=vnm.values, idx=vnm.positions.clone()).to_dense(),
+        vnm.to_dense())

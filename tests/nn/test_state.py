@@ -323,8 +323,11 @@ def _corrupt(pattern, sd, prefix):
     cols = 40  # both layers' in_features it is corrupted in
     limit = {"csr": cols, "block:16": -(-cols // 16), "block:16x32": -(-cols // 32), "shfl:16": cols,
              "2:4": 4, "16:2:8": 8}[pattern]
-    t.view(-1)[0] = limit
     sd[prefix + f"weight_{field}"] = t
+    if pattern == "2:4":  # 2-bit codes hold no position out of range: a repeated one (0, 0)
+        t.view(-1)[0] = 0
+        return sd, "idx must be strictly increasing"
+    t.view(-1)[0] = limit
     return sd, f"{field} must lie in [0, {limit})"
 
 
@@ -486,3 +489,18 @@ def test_the_operators_do_not_take_a_moved_format_for_new_tensors_at_its_old_add
     tensors = [old, *m.weight.tensor_list()[1:]]
     found = library.format_of(tensors, m.weight.spec)
     assert found is not m.weight and found.values is old
+
+
+@pytest.mark.parametrize("pattern", ["2:4", "16:2:8"])
+def test_a_checkpoint_with_positions_one_a_byte_still_loads(pattern):
+    """Before 2026-11-27 N:M and V:N:M weights stored each position in a byte: such a state_dict
+    loads, and the layer keeps them packed (2 bits each)."""
+    source, target = layer(0, pattern, None), layer(1, pattern, None)
+    sd = source.state_dict()
+    sd["weight_idx"] = source.weight.positions.clone()
+    target.load_state_dict(sd)
+    assert torch.equal(target.weight.to_dense(), source.weight.to_dense())
+    assert torch.equal(target.weight_idx, source.weight_idx)
+    assert target.weight_idx.shape[1] == -(-sd["weight_idx"].shape[1] // 4)  # four 2-bit codes a byte
+    x = torch.randn(3, 40)
+    torch.testing.assert_close(target(x), source(x))
