@@ -24,16 +24,39 @@ _tuner = None
 _mode = os.environ.get("SPARTUNE_MODE", "fast")
 
 
+class Bindings:
+    """The bound launches (`_bound`) of one weight's tuned calls, dropped together once its values
+    change in place (an optimizer step, a load into the same tensors): each holds the packed
+    layouts of the version it was bound with, which no launcher left uncalled should keep."""
+
+    __slots__ = ("version", "tables")
+
+    def __init__(self):
+        self.version, self.tables = None, []
+
+    def table(self) -> dict:
+        table: dict = {}
+        self.tables.append(table)
+        return table
+
+    def seen(self, version: int) -> None:
+        if version != self.version:
+            for table in self.tables:
+                table.clear()
+            self.version = version
+
+
 class WeightState:
     """Everything dispatch keeps for one weight: (dtype, device, M, K), the launcher of every
-    call key tuned so far, and the (backend, config) chosen for it."""
+    call key tuned so far, the (backend, config) chosen for it, and their bound launches."""
 
-    __slots__ = ("meta", "launchers", "chosen", "__weakref__")
+    __slots__ = ("meta", "launchers", "chosen", "bindings", "__weakref__")
 
     def __init__(self, A: SparseFormat):
         self.meta = (A.dtype, A.device, *A.shape)
         self.launchers: dict = {}
         self.chosen: dict = {}
+        self.bindings = Bindings()
 
 
 _states: "weakref.WeakKeyDictionary[SparseFormat, WeightState]" = weakref.WeakKeyDictionary()
@@ -133,16 +156,17 @@ def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0,
     return ours, library
 
 
-def launcher(A, backend: str, config):
+def launcher(A, backend: str, config, bindings: Bindings | None = None):
     """launch(A, x, out, bias, act, res, scale, prologue) for one backend (a family and its
     config, or a library): a prologue the backend does not apply while loading x runs first,
-    as a pass of its own (kernels.prologue)."""
+    as a pass of its own (kernels.prologue). A tuned call's launcher keeps its bound launches
+    in the weight's `bindings`."""
     family = registry.by_name(backend)
     if family is None:
         fn = _libraries(A)[backend]
         run = lambda A, x, out, **epi: fn(A, x, out, **epi)  # noqa: E731
     elif family.bind is not None:
-        run = _bound(A, family, config)
+        run = _bound(A, family, config, bindings)
     else:
         fn = family.launch
         run = lambda A, x, out, **epi: fn(A, x, out, config, **epi)  # noqa: E731
@@ -163,23 +187,26 @@ def launcher(A, backend: str, config):
 _BOUND_LAYOUTS = 16  # operand layouts bound per launcher before it starts over
 
 
-def _bound(A0, family, config):
+def _bound(A0, family, config, bindings: Bindings | None = None):
     """A CUDA family's launch for weight A0, bound (family.bind) once per layout of the operands
     and their epilogue: a later call fills in the addresses and launches. The checks and
     set-up of a launch (its layouts, grid, descriptors) cost more host time than the driver's
     launch itself (benchmarks/LOG.md, session 28). A bound call reads the weight's layouts as
-    packed then: a change of its values in place (an optimizer step) binds again."""
-    bound: dict = {}
+    packed then: a change of its values in place (an optimizer step) binds again, and drops
+    every bound call of the weight's `bindings`."""
+    bound: dict = bindings.table() if bindings is not None else {}
     bind, weight = family.bind, weakref.ref(A0)  # (A0's dispatch state holds this: no strong reference back)
 
     def run(A, x, out, bias=None, activation=None, residual=None, scale=1.0):
         if A is not weight():
             return family.launch(A, x, out, config, bias=bias, activation=activation, residual=residual, scale=scale)
-        key = (x.shape, x.stride(), x.data_ptr() % 16, out.shape, out.stride(), out.data_ptr() % 16, out.dtype,
-               None if bias is None else (bias.dtype, bias.stride()),
+        key = (x.shape, x.stride(), x.dtype, x.data_ptr() % 16, out.shape, out.stride(), out.data_ptr() % 16,
+               out.dtype, None if bias is None else (bias.dtype, bias.stride()),
                None if residual is None else (residual.shape, residual.stride(), residual.dtype),
                activation, scale)
         version = A.values._version
+        if bindings is not None:
+            bindings.seen(version)
         hit = bound.get(key)
         if hit is None or hit[0] != version:
             if len(bound) >= _BOUND_LAYOUTS:
@@ -250,7 +277,7 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
     for family in registry.families("linear", A):
         family.release_unused(A, [c.config for c in linear if c.backend == family.name])
     backends.release_unused(A, {c.backend for c in linear})
-    launch = launcher(A, choice.backend, choice.config)
+    launch = launcher(A, choice.backend, choice.config, st.bindings)
     family = registry.by_name(choice.backend)
     # Triton's launch from Python costs more host time than a decode kernel runs: replay those
     # from graphs. A CUDA family launches in a few us, and a replay adds x's copy and the

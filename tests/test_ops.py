@@ -431,6 +431,22 @@ def test_a_cuda_familys_tuned_call_is_bound_once_per_layout():
     assert ref_A() is None  # the launcher (held by the weight's dispatch state) does not keep it alive
 
 
+def test_a_weights_bound_calls_are_dropped_together_when_its_values_change():
+    """Each bound call holds the packed layouts of the values it was bound with: once they change
+    in place, the first call of any of the weight's launchers drops them all, not only its own."""
+    A = make_format("csr")
+    family, bindings = BindingFamily(), dispatch.Bindings()
+    runs = [dispatch._bound(A, family, config=None, bindings=bindings) for _ in range(2)]
+    x = torch.randn(5, K, generator=_gen(22))
+    for run in runs:
+        run(A, x, torch.empty(5, M))
+    assert [len(t) for t in bindings.tables] == [1, 1]
+    with torch.no_grad():
+        A.values.mul_(2)
+    runs[0](A, x, torch.empty(5, M))
+    assert [len(t) for t in bindings.tables] == [1, 0] and len(family.binds) == 3
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_fp16_choices_are_kept_per_reduced_precision_setting(monkeypatch, dtype):
     """torch's fp16 reduced-precision flag changes cuBLAS's speed and csr_smem's sums: a choice

@@ -207,6 +207,7 @@ class SparseFormat:
         cls._tensor_fields = ("values", *(n for n in names if n != "values"))
 
     def __post_init__(self):
+        self._canonicalize()
         check_shape(self.shape)
         if not isinstance(self.values, torch.Tensor) or self.values.dtype not in FLOAT_DTYPES:
             raise TypeError(
@@ -217,6 +218,14 @@ class SparseFormat:
             raise ValueError("values must be contiguous")
         self._validate()
         self.spec  # noqa: B018 (made now, not inside a torch.compile trace, where json cannot run)
+
+    def _canonicalize(self) -> None:
+        """Bring tensors given in an older layout to the current one, before any check (a format
+        constructed, rebuilt from its spec, or unpickled). Most formats have had one layout."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._canonicalize()
 
     # --- what every format answers -------------------------------------------------------
     signature: str  # the pattern string it holds ("csr", "block:64x64", ...): part of tuning keys
@@ -337,6 +346,7 @@ class SparseFormat:
         new = object.__new__(cls)
         for name, value in {**static, **tensors}.items():
             object.__setattr__(new, name, value)
+        new._canonicalize()
         new.spec  # noqa: B018 (made now, as __post_init__ does)
         return new
 

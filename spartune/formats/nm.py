@@ -44,7 +44,7 @@ def unpack_positions(codes: torch.Tensor, bits: int, count: int) -> torch.Tensor
     """pack_positions' inverse: (rows, count) uint8 positions."""
     per = 8 // bits
     if per == 1:
-        return codes
+        return codes.clone()
     shifts = torch.arange(per, device=codes.device, dtype=torch.int32) * bits
     positions = (codes.to(torch.int32)[..., None] >> shifts) & ((1 << bits) - 1)
     return positions.reshape(codes.shape[0], codes.shape[1] * per)[:, :count].to(torch.uint8)
@@ -55,6 +55,7 @@ def _packed_positions(fmt, count: int, bits: int) -> None:
     2026-11-27, and as a caller may hold them) keeps them packed: `idx` holds the codes."""
     idx = fmt.idx
     if bits < 8 and isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.shape[1] == count > 1:
+        check_tensor("idx", idx, dtypes=POSITION, dim=2)
         check_range("idx", idx, 0, 1 << bits)
         object.__setattr__(fmt, "idx", pack_positions(idx, bits))
 
@@ -111,10 +112,9 @@ class NM(SparseFormat):
     values: torch.Tensor  # (rows, groups * n)
     idx: torch.Tensor  # uint8 (rows, ceil(groups * n / (8 // bits))): the positions, packed
 
-    def __post_init__(self):
+    def _canonicalize(self) -> None:
         if _well_formed(self.shape, self.n, self.m) and 1 <= self.m <= 128:
             _packed_positions(self, ceil_div(self.shape[1], self.m) * self.n, position_bits(self.m))
-        super().__post_init__()
 
     @property
     def positions(self) -> torch.Tensor:
@@ -200,10 +200,9 @@ class VNM(SparseFormat):
 
     n = 2  # per row inside the 4 kept columns: the hardware's 2:4
 
-    def __post_init__(self):
+    def _canonicalize(self) -> None:
         if _well_formed(self.shape, self.m) and self.m > 0:
             _packed_positions(self, ceil_div(self.shape[1], self.m) * 2, 2)
-        super().__post_init__()
 
     @property
     def positions(self) -> torch.Tensor:

@@ -354,21 +354,4 @@ def bind(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=Non
         prepared(x, out, bias, residual, workspace())
         return out
     return run
-    check_operands(A, x, out, bias, residual)
-    if config.ck > 1 and (math.ceil(K / config.ks) != config.ck or _capability(x.device.index) != (9, 0)):
-        raise ValueError(f"a cluster holds a row block's K slices, exactly {math.ceil(K / config.ks)} of "
-                         f"{config.ks} columns here, and needs sm_90: got {config}")
-    ell = layout(A, config)
-    _, R, _ = _team(config)
-    grid = (_row_blocks(ell.groups, config), ell.slices, math.ceil(N / config.nt))
-    if ell.slices > 1 and config.ck == 1:
-        ws = torch.empty(grid[2] * ell.slices * ell.groups * R * config.nt, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, grid[0] * grid[2])
-    else:
-        ws = counters = or_null(None)
-    kernel = _kernel(config, A.values.dtype, x.device)
-    kernel(grid, (32 * config.warps, 1, 1), ell.words, ell.offsets, ell.rows, x, out, or_null(bias),
-           or_null(residual), ws, counters, M, N, K, ell.groups, ell.slices, np.int64(x.stride(0)), np.int64(x.stride(1)),
-           _x_rows(x), *epilogue_args(out, bias, residual, activation, scale), shmem=_smem_bytes(config))
-    return out
 

@@ -587,19 +587,19 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
         K = kt * 32  # the kept columns, read through the map
     sxn, sxk = x.stride(0), x.stride(1)
     kx = x.shape[1]
-    if gather == 2:  # rows of x^T: its row pitch, and the tokens readable per row in sxn
-        x, sxk, sxn = _tokens_major(x)
+    if gather == 2:  # rows of x^T (made by each call): its row pitch, and the tokens readable per row in sxn
+        _, sxk, sxn = _tokens_major_pitch(x)
     if gather == 3:  # x's rows staged by 16-byte copies where they are aligned
         x_vec = int(sxk == 1 and (sxn % 8 == 0 or N == 1) and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
     grid = (-(-N // config.bn), row_blocks, 1)
-    prepared = kernel.prepare(grid, (32 * config.num_warps, 1, 1), values, meta, x, out, p_bias, p_res, cols,
+    prepared = kernel.prepare(grid, (32 * config.num_warps, 1, 1), values, meta, NULL, out, p_bias, p_res, cols,
                               map_rows, M, K, N, mt, kt, sxn, sxk, x_vec, kx, *rest,
                               shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0,
                               slots=(2, 3, 4, 5))
 
     def run(x, out, bias, residual):
-        prepared(_tokens_major(x)[0] if gather == 2 else x, out, bias, residual)
+        prepared(_tokens_major(x) if gather == 2 else x, out, bias, residual)
         return out
     return run
 
@@ -618,15 +618,15 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
     values, meta, stages_k = packed_wgmma(A, config.bm, config.cluster_m, as_24)
     box_rows = config.bn // config.cluster_m  # each CTA's share of a box of x
+    # x's address goes in per call (its copy, where one is made, too): NULL / no descriptor here
     if vnm:
-        xt, ldx, n_alloc = _tokens_major(x)
-        (cols, full_stages), x_map, v_rows = wgmma_column_map(A, stages_k, config.bm), _NO_TENSOR_MAP, A.v
+        _, ldx, n_alloc = _tokens_major_pitch(x)
+        (cols, full_stages), v_rows = wgmma_column_map(A, stages_k, config.bm), A.v
         x_copied = False
     else:
         # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T): else a copy
         x_copied = bool(x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16)
-        x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
-        xt, ldx, n_alloc, cols, v_rows, full_stages = NULL, 0, 0, NULL, 1, 0
+        ldx, n_alloc, cols, v_rows, full_stages = 0, 0, NULL, 1, 0
     kernel = _kernel(config, values.dtype, x.device, boxes, epilogue[-2])  # (the activation's code)
     # (a V:N:M weight's rows pad to V, which may pass them; a cluster's row blocks come whole)
     row_blocks = math.ceil(M / (config.bm * config.cluster_m)) * config.cluster_m
@@ -647,22 +647,20 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     son, som, _, _, out_code, _, _, _, _ = rest
     tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and p_res is NULL)
     out_map = cuda.tensor_map_2d(out, 64, _epi_tokens(config)) if tma_out else _NO_TENSOR_MAP
-    args = (x_map, out_map, tma_out, values, meta, xt, cols, ldx, n_alloc, v_rows, full_stages, out, p_bias, p_res, M,
-            N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
-    shmem = _wgmma_smem_bytes(config, boxes)
-    if vnm:
-        prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=shmem, slots=(5, 11, 12, 13))
-
-        def run(x, out, bias, residual):
-            prepared(_tokens_major(x)[0], out, bias, residual)
-            return out
-        return run
-    prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=shmem, slots=(0, 1, 11, 12, 13))
+    args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, values, meta, NULL, cols, ldx, n_alloc, v_rows, full_stages, out,
+            p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
+    # per call: x's descriptor (2:4) or x^T (V:N:M), out's descriptor, out, bias, residual
+    prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=_wgmma_smem_bytes(config, boxes),
+                              slots=(0, 5, 1, 11, 12, 13))
     epi_tokens = _epi_tokens(config)
 
     def run(x, out, bias, residual):
-        x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
-        prepared(x_map, cuda.tensor_map_2d(out, 64, epi_tokens) if tma_out else _NO_TENSOR_MAP, out, bias, residual)
+        out_map = cuda.tensor_map_2d(out, 64, epi_tokens) if tma_out else _NO_TENSOR_MAP
+        if vnm:
+            prepared(_NO_TENSOR_MAP, _tokens_major(x), out_map, out, bias, residual)
+        else:
+            x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
+            prepared(x_map, None, out_map, out, bias, residual)
         return out
     return run
 
@@ -675,13 +673,17 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _tokens_major(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """x (N, K) as x^T (K, tokens) with rows of whole 16-byte chunks: (xt, row pitch, tokens
-    readable per row). spmm's x = X.T is read in place (where the kernel's 32-bit offsets reach
-    its last row); otherwise one copy (the tokens past N in a chunk are zeros)."""
+def _tokens_major(x: torch.Tensor) -> torch.Tensor:
+    """x (N, K) as x^T (K, tokens) with rows of whole 16-byte chunks (`_tokens_major_pitch`)."""
+    return x.t() if _tokens_major_pitch(x)[0] else tokens_major(x, 8)
+
+
+def _tokens_major_pitch(x: torch.Tensor) -> tuple[bool, int, int]:
+    """(whether x^T is read in place, its row pitch, the tokens readable per row) for
+    `_tokens_major(x)`: spmm's x = X.T is read in place (where the kernel's 32-bit offsets reach
+    its last row); otherwise one copy, N rounded up to 8 (the tokens past N are zeros)."""
     N, K = x.shape
     if x.stride(0) == 1 and N % 8 == 0 and (K == 1 or x.stride(1) % 8 == 0) and x.data_ptr() % 16 == 0 \
             and K * x.stride(1) < 2**31:
-        return x.t(), x.stride(1) if K > 1 else N, N
-    xt = tokens_major(x, 8)
-    return xt, xt.shape[1], xt.shape[1]
+        return True, x.stride(1) if K > 1 else N, N
+    return False, -(-N // 8) * 8, -(-N // 8) * 8

@@ -65,6 +65,10 @@ class SparseLinear(nn.Module):
         one on every call once more than a few such layers exist)."""
         super().__setstate__(state)
         if "_weight" in self.__dict__:
+            for name in self._weight_names[1:]:  # a buffer its format repacked when unpickled (an older layout)
+                held = getattr(self._weight, name)
+                if held.shape != getattr(self, f"weight_{name}").shape:
+                    self.register_buffer(f"weight_{name}", held)
             self._rebind(self._weight.spec)
 
     def _weight_tensors(self) -> list[torch.Tensor]:

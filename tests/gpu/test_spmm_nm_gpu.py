@@ -516,3 +516,25 @@ def test_prefill_in_a_second_process_on_a_warm_tuning_db(pattern, tmp_path):
         assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])
         if "wgmma" not in out.stdout:
             pytest.skip(f"the tuner picked no wgmma config here: {out.stdout.strip()}")
+
+
+@pytest.mark.parametrize("kind", ["2:4 mma", "2:4 wgmma", "64:2:8 mma", "64:2:8 wgmma"])
+def test_a_bound_launch_writes_each_calls_tensors(kind):
+    """A bound launch (what dispatch keeps per operand layout) given new x and out while the
+    first call's out is still held: each call reads its own x and writes its own out (an out
+    descriptor or x^T bound once would write the first one again)."""
+    pattern, variant = kind.split()
+    M, Kd, N = 1024, 512, 256
+    if pattern == "2:4":
+        w, A, *_ = operands(M, Kd, N, torch.float16, 31)
+    else:
+        A = random_vnm(M, Kd, 64, 8, torch.float16, 31)
+        w = A.to_dense()
+    cfg = next(c for c in configs_of(A, N, variant) if not c.as_24)  # (V:N:M: its own gather)
+    xs = [torch.randn(N, Kd, device="cuda", dtype=torch.float16) for _ in range(3)]
+    outs = [torch.full((N, M), float("nan"), device="cuda", dtype=torch.float16) for _ in range(3)]
+    bound = K.bind(A, xs[0], outs[0], cfg)
+    for x, out in zip(xs, outs):
+        bound(x, out, None, None)
+    for x, out in zip(xs, outs):
+        assert not out.isnan().any() and rel(out, reference(x, w)) <= TOL, cfg

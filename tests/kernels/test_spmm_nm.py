@@ -219,15 +219,23 @@ def test_vnm_wgmma_column_map_pads_stages_and_row_blocks():
 
 
 def test_tokens_major_reads_spmm_layout_in_place_and_copies_otherwise():
+    """x^T as the kernels read it, and its pitch known before any copy is made (a bound launch
+    copies x once per call, not when it is bound)."""
+    def tokens_major(x):
+        xt = K._tokens_major(x)
+        in_place, ldx, n_alloc = K._tokens_major_pitch(x)
+        assert in_place == (xt.data_ptr() == x.data_ptr()) and xt.stride(0) == ldx and xt.shape[1] >= n_alloc
+        return xt, ldx, n_alloc
+
     X = torch.randn(72, 40).half()  # spmm's X (K, N): x = X.T is tokens-contiguous
-    xt, ldx, n_alloc = K._tokens_major(X.t())
+    xt, ldx, n_alloc = tokens_major(X.t())
     assert xt.data_ptr() == X.data_ptr() and (ldx, n_alloc) == (40, 40)
     x = torch.randn(37, 72).half()  # linear's x (N, K): one copy, tokens padded to 8 with zeros
-    xt, ldx, n_alloc = K._tokens_major(x)
+    xt, ldx, n_alloc = tokens_major(x)
     assert xt.shape == (72, 40) and (ldx, n_alloc) == (40, 40)
     assert torch.equal(xt[:, :37], x.t()) and not xt[:, 37:].any()
     odd = torch.randn(72, 37).half()  # tokens not a multiple of 8: copied
-    xt, _, n_alloc = K._tokens_major(odd.t())
+    xt, _, n_alloc = tokens_major(odd.t())
     assert xt.data_ptr() != odd.data_ptr() and n_alloc == 40 and torch.equal(xt[:, :37], odd)
 
 

@@ -504,3 +504,19 @@ def test_a_checkpoint_with_positions_one_a_byte_still_loads(pattern):
     assert target.weight_idx.shape[1] == -(-sd["weight_idx"].shape[1] // 4)  # four 2-bit codes a byte
     x = torch.randn(3, 40)
     torch.testing.assert_close(target(x), source(x))
+
+
+def test_a_pickle_with_positions_one_a_byte_still_loads():
+    """A whole model pickled before the positions were packed (torch.save(model)): its format and
+    the layer's buffer come back packed, and the layer computes what it did."""
+    import pickle
+
+    source = layer(0, "2:4", None)
+    x = torch.randn(3, 40)
+    expected = source(x)
+    legacy = source.weight.positions.clone()  # what the buffer and the format held then
+    object.__setattr__(source.weight, "idx", legacy)
+    source.weight_idx = legacy
+    loaded = pickle.loads(pickle.dumps(source))
+    assert loaded.weight_idx.shape[1] == -(-legacy.shape[1] // 4) and loaded.weight.idx is loaded.weight_idx
+    torch.testing.assert_close(loaded(x), expected)
