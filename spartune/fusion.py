@@ -67,9 +67,15 @@ def _calls(node, methods=(), functions=()) -> bool:
 
 
 def _is_linear(node) -> bool:
-    """A spartune::linear call as the operator's schema writes it (positional arguments only)."""
-    return (node.op == "call_function" and node.target is torch.ops.spartune.linear.default and not node.kwargs
+    """A spartune::linear (or linear_nograd) call as the operator's schema writes it (positional
+    arguments only)."""
+    return (node.op == "call_function" and node.target in _LINEAR_OPS() and not node.kwargs
             and len(node.args) == _NUM_ARGS)
+
+
+@functools.cache
+def _LINEAR_OPS() -> tuple:  # noqa: N802 (a constant, read once the operators exist)
+    return torch.ops.spartune.linear.default, torch.ops.spartune.linear_nograd.default
 
 
 def _activation_after(linear):

@@ -90,9 +90,12 @@ def _autograd(op, backward, setup_context):
     torch.library.register_autograd(op, backward, setup_context=setup_context, lib=_LIB)
 
 
-@_operator("linear(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
-def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
-            residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
+_LINEAR_ARGS = ("(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, "
+                "ScalarType? out_dtype) -> Tensor")
+
+
+def _linear_impl(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
+                 residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
     with direct_launches():  # an operator returns memory of its own, never a graph's static output
         y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
     # The fake promises a contiguous output whatever backend the tuner picks at run time
@@ -100,12 +103,21 @@ def _linear(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], 
     return y.contiguous()
 
 
-@_fake(_linear)
-def _(x, weight, spec, bias, activation, residual, scale, out_dtype):
+def _linear_fake(x, weight, spec, bias, activation, residual, scale, out_dtype):
     from . import fusion
 
     fusion.install()  # traced: torch.compile will want the epilogue fusion pass
     return _output_like(x, *_shape(spec), out_dtype)
+
+
+# Two operators over one implementation: `linear` differentiable, `linear_nograd` for calls that
+# autograd does not record (a model compiled for inference). A Python autograd kernel is on the
+# dispatcher's path of every call, recorded or not (its no-grad branch redispatches, boxing the
+# arguments again): ~20-30 us of host time a call on the CPU machine (benchmarks/LOG.md, session 28).
+_linear = _operator("linear" + _LINEAR_ARGS)(_linear_impl)
+_linear_nograd = _operator("linear_nograd" + _LINEAR_ARGS)(_linear_impl)
+_fake(_linear)(_linear_fake)
+_fake(_linear_nograd)(_linear_fake)
 
 
 def _output_like(x, rows: int, cols: int, out_dtype):
@@ -368,7 +380,7 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
                                     residual, float(scale), out_dtype)
         x = apply_prologue(x, input_bias, input_activation)
     if not grad:
-        return _linear(x, A.tensor_list(), A.spec, bias, activation, residual, float(scale), out_dtype)
+        return _linear_nograd(x, A.tensor_list(), A.spec, bias, activation, residual, float(scale), out_dtype)
     check_activation(activation)  # autograd differentiates the activation and residual as torch ops
     y = _linear(x, A.tensor_list(), A.spec, bias, None, None, float(scale), None)
     if activation is not None or residual is not None:
@@ -380,8 +392,10 @@ def linear_op(x, tensors: list, spec: str, bias=None, activation=None):
     """act(x @ A^T + bias) through the operator, A given as its tensors and spec (SparseLinear's
     route when traced or differentiated: its tensors are what torch.compile lifts as inputs).
     The activation is unfused when autograd records, as in `linear`."""
-    if activation is None or not _records(x, tensors[0], bias):
-        return _linear(x, tensors, spec, bias, activation, None, 1.0, None)
+    if not _records(x, tensors[0], bias):
+        return _linear_nograd(x, tensors, spec, bias, activation, None, 1.0, None)
+    if activation is None:
+        return _linear(x, tensors, spec, bias, None, None, 1.0, None)
     check_activation(activation)
     return apply_epilogue(_linear(x, tensors, spec, bias, None, None, 1.0, None), None, activation, None)
 

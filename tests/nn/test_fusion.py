@@ -31,7 +31,7 @@ def fused_graph(fn, *args):
         seen["fused"] = fusion.fuse_epilogues(gm.graph)
         gm.recompile()
         seen["calls"] = [(n.args[4], n.args[5] is not None) for n in gm.graph.nodes
-                         if n.target is torch.ops.spartune.linear.default]
+                         if n.target in (torch.ops.spartune.linear.default, torch.ops.spartune.linear_nograd.default)]
         return gm.forward
 
     out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
