@@ -114,3 +114,17 @@ def fp16_reduced_precision(allowed: bool):
             set_(*saved) if isinstance(saved, tuple) else set_(saved)
         else:
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = saved
+
+
+def check_bound_launch_with_outputs_held(bind, A, w, config, N, tol, calls=3):
+    """A family's bound launch (`bind(A, x, out, config)`) run on new x and out while the earlier
+    calls' outs are still held: each call must read its own x and write its own out (a pointer
+    or descriptor bound once would make it write the first one again)."""
+    M, K = A.shape
+    xs = [torch.randn(N, K, device="cuda", dtype=torch.float16) for _ in range(calls)]
+    outs = [torch.full((N, M), float("nan"), device="cuda", dtype=torch.float16) for _ in range(calls)]
+    bound = bind(A, xs[0], outs[0], config)
+    for x, out in zip(xs, outs):
+        bound(x, out, None, None)
+    for x, out in zip(xs, outs):
+        assert not out.isnan().any() and rel_err(out, linear_reference(x, w)) <= tol, config

@@ -531,10 +531,4 @@ def test_a_bound_launch_writes_each_calls_tensors(kind):
         A = random_vnm(M, Kd, 64, 8, torch.float16, 31)
         w = A.to_dense()
     cfg = next(c for c in configs_of(A, N, variant) if not c.as_24)  # (V:N:M: its own gather)
-    xs = [torch.randn(N, Kd, device="cuda", dtype=torch.float16) for _ in range(3)]
-    outs = [torch.full((N, M), float("nan"), device="cuda", dtype=torch.float16) for _ in range(3)]
-    bound = K.bind(A, xs[0], outs[0], cfg)
-    for x, out in zip(xs, outs):
-        bound(x, out, None, None)
-    for x, out in zip(xs, outs):
-        assert not out.isnan().any() and rel(out, reference(x, w)) <= TOL, cfg
+    helpers.check_bound_launch_with_outputs_held(K.bind, A, w, cfg, N, TOL)
