@@ -28,9 +28,15 @@ def position_bits(m: int) -> int:
     return next(b for b in (1, 2, 4, 8) if b >= need)
 
 
+def _check_bits(bits) -> None:
+    if bits not in (1, 2, 4, 8):
+        raise ValueError(f"positions are packed 1, 2, 4 or 8 bits each (position_bits), got {bits!r}")
+
+
 def pack_positions(positions: torch.Tensor, bits: int) -> torch.Tensor:
     """(rows, count) positions below 2**bits as uint8 codes, 8 // bits a byte, the first in the low
     bits; a row's last byte is padded with zero codes."""
+    _check_bits(bits)
     per = 8 // bits
     if per == 1:
         return positions.to(torch.uint8).contiguous()
@@ -42,6 +48,7 @@ def pack_positions(positions: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_positions(codes: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """pack_positions' inverse: (rows, count) uint8 positions."""
+    _check_bits(bits)
     per = 8 // bits
     if per == 1:
         return codes.clone()

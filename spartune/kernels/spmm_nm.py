@@ -587,8 +587,9 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
         K = kt * 32  # the kept columns, read through the map
     sxn, sxk = x.stride(0), x.stride(1)
     kx = x.shape[1]
+    in_place = False
     if gather == 2:  # rows of x^T (made by each call): its row pitch, and the tokens readable per row in sxn
-        _, sxk, sxn = _tokens_major_pitch(x)
+        in_place, sxk, sxn = _tokens_major_pitch(x)
     if gather == 3:  # x's rows staged by 16-byte copies where they are aligned
         x_vec = int(sxk == 1 and (sxn % 8 == 0 or N == 1) and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
@@ -599,7 +600,7 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
                               slots=(2, 3, 4, 5))
 
     def run(x, out, bias, residual):
-        prepared(_tokens_major(x) if gather == 2 else x, out, bias, residual)
+        prepared(_tokens_major(x, in_place) if gather == 2 else x, out, bias, residual)
         return out
     return run
 
@@ -620,7 +621,7 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     box_rows = config.bn // config.cluster_m  # each CTA's share of a box of x
     # x's address goes in per call (its copy, where one is made, too): NULL / no descriptor here
     if vnm:
-        _, ldx, n_alloc = _tokens_major_pitch(x)
+        in_place, ldx, n_alloc = _tokens_major_pitch(x)
         (cols, full_stages), v_rows = wgmma_column_map(A, stages_k, config.bm), A.v
         x_copied = False
     else:
@@ -646,7 +647,6 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     # a 16-bit out, contiguous along M, no residual: its tiles stored by the tensor copy engine
     son, som, _, _, out_code, _, _, _, _ = rest
     tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and p_res is NULL)
-    out_map = cuda.tensor_map_2d(out, 64, _epi_tokens(config)) if tma_out else _NO_TENSOR_MAP
     args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, values, meta, NULL, cols, ldx, n_alloc, v_rows, full_stages, out,
             p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
     # per call: x's descriptor (2:4) or x^T (V:N:M), out's descriptor, out, bias, residual
@@ -657,7 +657,7 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     def run(x, out, bias, residual):
         out_map = cuda.tensor_map_2d(out, 64, epi_tokens) if tma_out else _NO_TENSOR_MAP
         if vnm:
-            prepared(_NO_TENSOR_MAP, _tokens_major(x), out_map, out, bias, residual)
+            prepared(_NO_TENSOR_MAP, _tokens_major(x, in_place), out_map, out, bias, residual)
         else:
             x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
             prepared(x_map, None, out_map, out, bias, residual)
@@ -673,9 +673,10 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _tokens_major(x: torch.Tensor) -> torch.Tensor:
-    """x (N, K) as x^T (K, tokens) with rows of whole 16-byte chunks (`_tokens_major_pitch`)."""
-    return x.t() if _tokens_major_pitch(x)[0] else tokens_major(x, 8)
+def _tokens_major(x: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """x (N, K) as x^T (K, tokens) with rows of whole 16-byte chunks: in place, or the copy
+    (`_tokens_major_pitch` says which, once per layout)."""
+    return x.t() if in_place else tokens_major(x, 8)
 
 
 def _tokens_major_pitch(x: torch.Tensor) -> tuple[bool, int, int]:

@@ -222,8 +222,8 @@ def test_tokens_major_reads_spmm_layout_in_place_and_copies_otherwise():
     """x^T as the kernels read it, and its pitch known before any copy is made (a bound launch
     copies x once per call, not when it is bound)."""
     def tokens_major(x):
-        xt = K._tokens_major(x)
         in_place, ldx, n_alloc = K._tokens_major_pitch(x)
+        xt = K._tokens_major(x, in_place)
         assert in_place == (xt.data_ptr() == x.data_ptr()) and xt.stride(0) == ldx and xt.shape[1] >= n_alloc
         return xt, ldx, n_alloc
 

@@ -151,8 +151,8 @@ def _signature_layout(signature: tuple[type, ...]) -> tuple:
 class KernelParams:
     """The `kernelParams` of one argument signature: a buffer holding every argument at its
     natural alignment and the array of pointers into it that cuLaunchKernel reads. The driver
-    copies the arguments before the launch returns, so a buffer serves every call of its
-    thread (the launch releases the GIL: each thread keeps its own)."""
+    copies the arguments before the launch returns, so a buffer serves every launch of its
+    PreparedLaunch (one at a time: the launch releases the GIL)."""
 
     def __init__(self, signature: tuple[type, ...]):
         self.struct, self.offsets, self.tensors, self.structs, end = _signature_layout(signature)
@@ -243,19 +243,11 @@ class LoadedKernel:
         self.kernel = kernel
         self._handle = int(kernel.handle)  # a CUkernel, which cuLaunchKernel takes for a CUfunction
         self._shmem_limit = DEFAULT_SHMEM_LIMIT
-        self._params = threading.local()  # signature -> KernelParams, per thread
 
     def __call__(self, grid, block, *args, shmem: int = 0) -> None:
-        """Launch on the current stream. Host time matters (PERF-NOTES.md): a launch packs the
-        arguments into its signature's buffer and calls the driver, nothing more."""
-        self._reserve(shmem)
-        signature = tuple(map(type, args))
-        cache = self._params.__dict__
-        params = cache.get(signature)
-        if params is None:
-            params = cache[signature] = KernelParams(signature)
-        params.pack(params.values(args, self.device_index))
-        self._launch((self._handle, *_dim3(grid), *_dim3(block), shmem), params.pointers)
+        """Launch once on the current stream (the families' repeated launches are prepared once:
+        `prepare`)."""
+        self.prepare(grid, block, *args, shmem=shmem)()
 
     def prepare(self, grid, block, *args, shmem: int = 0, slots: tuple[int, ...] = ()) -> "PreparedLaunch":
         """This launch with its arguments packed once; a call fills the arguments at `slots`."""
