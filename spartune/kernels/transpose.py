@@ -1,7 +1,9 @@
 """x (N, K) -> x^T (K, n_pad), tokens contiguous and padded with zeros: the layout in which a
 V:N:M weight's kept columns are whole rows (spmm_nm's wgmma gather). torch's strided copy reads
 one side uncoalesced (~0.3 TB/s measured at Llama sizes); square tiles read and write whole
-lines on both sides (~2-2.7 TB/s)."""
+lines on both sides (~2-2.7 TB/s). A decode-sized x goes through torch's copy instead: its launch costs
+a few us of host time where the Triton launch cost ~40 (64:2:8 at N = 8 ran eager calls at 2x dense's
+wall time for it: LOG, session 29), and its GPU time there is a few us either way."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +13,7 @@ import triton.language as tl
 from ._common import LaunchCache, align16, launch_cached
 
 BLOCK = 64
+TORCH_COPY_MAX = 1 << 20  # elements of x (2 MB in 16 bits): ~7 us at the strided copy's ~0.3 TB/s
 _launches = LaunchCache()
 
 
@@ -27,6 +30,10 @@ def tokens_major(x: torch.Tensor, multiple: int = 8) -> torch.Tensor:
     """x^T as a new (K, N rounded up to `multiple`) tensor, the padding tokens zero."""
     N, K = x.shape
     n_pad = -(-N // multiple) * multiple
+    if N * K <= TORCH_COPY_MAX:
+        out = (torch.empty if n_pad == N else torch.zeros)(K, n_pad, device=x.device, dtype=x.dtype)
+        out[:, :N].copy_(x.t())
+        return out
     out = torch.empty(K, n_pad, device=x.device, dtype=x.dtype)
     if K and n_pad:
         grid = (triton.cdiv(K, BLOCK), triton.cdiv(n_pad, BLOCK))

@@ -239,10 +239,14 @@ def test_tokens_major_reads_spmm_layout_in_place_and_copies_otherwise():
     assert xt.data_ptr() != odd.data_ptr() and n_alloc == 40 and torch.equal(xt[:, :37], odd)
 
 
+@pytest.mark.parametrize("triton_tiles", [False, True])  # (decode-sized x goes through torch's copy)
 @pytest.mark.parametrize("N, Kd", [(1, 1), (70, 130), (64, 64), (3, 200)])
-def test_tokens_major_transposes_any_strides(N, Kd):
+def test_tokens_major_transposes_any_strides(N, Kd, triton_tiles, monkeypatch):
+    from spartune.kernels import transpose
     from spartune.kernels.transpose import tokens_major
 
+    if triton_tiles:
+        monkeypatch.setattr(transpose, "TORCH_COPY_MAX", 0)
     x = torch.randn(N, 2 * Kd).half()[:, ::2]  # strided
     xt = tokens_major(x, 8)
     pad = -(-N // 8) * 8
