@@ -357,29 +357,46 @@ def available(device) -> bool:
 _META_LANES = [4 * g + h for g in range(8) for h in range(2)]
 
 
-def packed(A, keep: bool = True) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(values (Mt, Kt, 32, 8), metadata (Mt, Kt, 16) int32, Mt, Kt) in mma.sp's register order,
-    built once per weight (and values version): rows padded to 16 and K to 32 with zeros. For
-    V:N:M, K is that of the 2:4 matrix over the kept columns (4 per M-column block).
-    keep=False: not memoised (the wgmma packing starts from it)."""
+def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(values, metadata, Mt, Kt): the one packing both variants read, built once per weight (and
+    values version). Per (16-row tile, 32-wide K step), a unit of 512 bytes of kept values (16 x 16)
+    as 8 x 8 core matrices, K-major without swizzle: (8-row half, K core matrix, row, 8 values),
+    which wgmma.sp reads from shared memory as it lands and mma.sp's ldmatrix turns into its A
+    fragment; and 16 words of metadata in mma.sp's register order (those of lanes 4g, 4g + 1:
+    selector 0 reads no other). Units go (tile, K step): a decode warp streams its rows' K in one
+    run; the wgmma producer takes a (BM rows, 2 K steps) stage with one 3-D TMA box (`a_maps`).
+    Rows pad to 16 and K to 128 (an even number of wgmma stages) with zero values and valid
+    metadata. V:N:M: the 2:4 matrix over the kept columns (4 per M-column block). One layout for
+    both variants: a weight run at decode and prefill holds its packing once (LOG, session 29)."""
     if isinstance(A, VNM):
-        return memo(A, _MMA_KEY, lambda: _pack(A, A.col_blocks * 4), keep=keep)
+        return memo(A, _PACKED_KEY, lambda: _pack(A, A.col_blocks * 4))
     if (A.n, A.m) != (2, 4):
         raise ValueError(f"spmm_nm runs 2:4 and V:N:M weights, got {A.n}:{A.m}")
-    return memo(A, _MMA_KEY, lambda: _pack(A, A.shape[1]), keep=keep)
+    return memo(A, _PACKED_KEY, lambda: _pack(A, A.shape[1]))
 
 
-_MMA_KEY = "_nm_packed"
+def packed_as_24(A: VNM) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """`packed` of a V:N:M weight's 2:4 copy (`as_2to4`, made for the packing and not kept)."""
+    return memo(A, _AS_24_KEY, lambda: packed(as_2to4(A)))
+
+
+_PACKED_KEY, _AS_24_KEY = "_nm_packed", "_nm_as24_packed"
 
 
 def column_map(A: VNM) -> torch.Tensor:
     """int32 (row blocks, Kt * 32): the column of x behind each column of the packed 2:4 matrix
-    of a V:N:M weight; -1 past the matrix (padding reads zero). Depends on the pattern only."""
+    of a V:N:M weight (Kt as `packed`'s); -1 past the matrix (padding reads zero). Depends on the
+    pattern only."""
     return memo(A, "_nm_column_map", lambda: _column_map(A), of_values=False)
 
 
+def _k_steps(kept: int) -> int:
+    """`packed`'s K steps for `kept` columns of the 2:4 matrix: 32 wide, in fours (wgmma's stage pairs)."""
+    return math.ceil(kept / 128) * 4
+
+
 def _column_map(A: VNM) -> torch.Tensor:
-    kt = math.ceil(A.col_blocks * 4 / 32)
+    kt = _k_steps(A.col_blocks * 4)
     base = torch.arange(A.col_blocks, device=A.cols.device).view(1, -1, 1) * A.m
     cols = (base + A.cols.long()).reshape(A.row_blocks, -1)
     cols = torch.where(cols < A.shape[1], cols, -1)
@@ -390,7 +407,7 @@ def _pack(A, cols: int):
     from .cuda.sparse_mma import pack_compressed
 
     rows = A.values.shape[0]
-    mt, kt = math.ceil(rows / 16), math.ceil(cols / 32)
+    mt, kt = math.ceil(rows / 16), _k_steps(cols)
     kept = A.values.shape[1]
     pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
     values = torch.nn.functional.pad(A.values, (0, pad_k, 0, pad_r))
@@ -398,77 +415,50 @@ def _pack(A, cols: int):
     fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
     idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
     idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)
-    v, meta = pack_compressed(values, idx)
+    v, meta = pack_compressed(values, idx)  # (tiles, K steps, lane (g, t), register (col half, row half), pair)
+    v = v.reshape(mt, kt, 8, 4, 2, 2, 2).permute(0, 1, 5, 4, 2, 3, 6).reshape(mt, kt, 2, 2, 8, 8)
     return v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt
 
 
-def packed_wgmma(A, bm: int, cluster_m: int = 1, as_24: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(values, metadata, K stages) for the wgmma variant with BM = bm, each (bm rows, 64 of K)
-    stage one contiguous run of values and one of metadata, which the kernel's producer moves
-    with one bulk copy each: the values as the tensor cores read them from shared memory, per
-    (K step, 64-row block) 64 x 16 kept values, K-major without swizzle (8 x 8 core matrices of
-    128 contiguous bytes, the two along K adjacent, the 8-row groups 256 B apart); the metadata
-    in mma.sp's register order, (K step, 16-row tile, 16 words). Rows pad to bm x cluster_m (a
-    cluster's row blocks) and K to 128, an even number of stages (zero values, valid metadata):
-    the kernel alternates two metadata register sets between stages. as_24: a V:N:M weight's, run
-    as the 2:4 matrix it also is (`as_2to4`, a copy made for the packing and not kept)."""
-    return memo(A, _packed_key(bm, cluster_m, as_24), lambda: _pack_wgmma(as_2to4(A) if as_24 else A, bm, cluster_m))
+def a_maps(values: torch.Tensor, meta: torch.Tensor, bm: int) -> tuple[bytes, bytes]:
+    """The wgmma producer's TMA descriptors of `packed`'s values and metadata: 3-D, (unit, tile,
+    K step) at strides (Kt units, 1 unit), boxes of (a unit, bm / 16 tiles, 2 K steps), so that a
+    stage lands as (K step, tile), each (K step, 64-row block) a 2 KB block of core matrices as
+    wgmma.sp reads it; tiles past the weight read zeros (their rows are never stored)."""
+    mt, kt = values.shape[:2]
+    return (cuda.tensor_map_3d(values.view(mt, kt, 256), (256, bm // 16, 2)),
+            cuda.tensor_map_3d(meta, (16, bm // 16, 2)))
 
 
-def _packed_key(bm: int, cluster_m: int, as_24: bool = False) -> str:
-    return f"_nm_wgmma{'_as24' if as_24 else ''}_packed_{bm}_{cluster_m}"
-
-
-_META_ZERO = 0x44444444  # positions (0, 1) in every group: valid metadata for zero values
-
-
-def _pack_wgmma(A, bm: int, cluster_m: int):
-    values, meta, mt, kt = packed(A, keep=False)
-    tiles, ksteps = bm // 16, WGMMA_BK // 32
-    mt_pad = math.ceil(mt / (tiles * cluster_m)) * tiles * cluster_m
-    kt_pad = math.ceil(kt / (2 * ksteps)) * 2 * ksteps  # stages in pairs
-    values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, kt_pad - kt, 0, mt_pad - mt))
-    meta = torch.nn.functional.pad(meta, (0, 0, 0, kt_pad - kt, 0, mt_pad - mt), value=_META_ZERO)
-    stages = kt_pad // ksteps
-    values = values.reshape(mt_pad // tiles, tiles, stages, ksteps, 32, 8).permute(0, 2, 3, 1, 4, 5)
-    meta = meta.reshape(mt_pad // tiles, tiles, stages, ksteps, 16).permute(0, 2, 3, 1, 4)
-    # register order (g, t, col half, row half, pair) -> rows (row half, g), columns (col half, t, pair),
-    # then (64-row block, 8-row group, K core matrix, row, 8 values)
-    b = mt_pad // tiles
-    values = values.reshape(b, stages, ksteps, tiles, 8, 4, 2, 2, 2).permute(0, 1, 2, 3, 7, 4, 6, 5, 8)
-    values = values.reshape(b, stages, ksteps, tiles // 4, 8, 8, 2, 8).permute(0, 1, 2, 3, 4, 6, 5, 7)
-    return values.contiguous(), meta.contiguous(), stages
-
-
-def wgmma_column_map(A: VNM, stages_k: int, bm: int) -> tuple[torch.Tensor, int]:
-    """(`column_map` padded with -1 to the wgmma variant's K stages and to the row blocks its
-    BM-row tiles cover (its x gather reads zeros there), the stages before the first -1 of any
-    block: the kernel's copies skip the check there)."""
+def wgmma_column_map(A: VNM, bm: int) -> tuple[torch.Tensor, int]:
+    """(`column_map` padded with -1 to the row blocks the wgmma variant's BM-row tiles cover (its
+    x gather reads zeros there), the stages before the first -1 of any block: the kernel's copies
+    skip the check there)."""
     def build():
         cols = column_map(A)
         blocks = max(cols.shape[0], math.ceil(A.shape[0] / bm) * bm // A.v)
-        cols = torch.nn.functional.pad(cols, (0, stages_k * WGMMA_BK - cols.shape[1], 0, blocks - cols.shape[0]),
-                                       value=-1).contiguous()
+        cols = torch.nn.functional.pad(cols, (0, 0, 0, blocks - cols.shape[0]), value=-1).contiguous()
         gaps = torch.nonzero((cols < 0).any(0))
-        full = int(gaps[0, 0]) // WGMMA_BK if len(gaps) else stages_k
+        full = int(gaps[0, 0]) // WGMMA_BK if len(gaps) else cols.shape[1] // WGMMA_BK
         return cols, full
-    return memo(A, f"_nm_wgmma_map_{stages_k}_{bm}", build, of_values=False)
+    return memo(A, f"_nm_wgmma_map_{bm}", build, of_values=False)
 
 
 def release_unused(A, configs) -> None:
-    """The tuner's measurements pack the weight for every variant they time (the mma packing,
-    one wgmma packing per BM and cluster, V:N:M's maps and its as_24 packings): only what a
-    chosen config reads stays, or a sparse weight would hold more than its dense size."""
+    """The tuner's measurements pack the weight for every variant they time (V:N:M's maps and its
+    as_24 packing beside the one packing): only what a chosen config reads stays, or a sparse
+    weight would hold more than its dense size."""
     keep = set()
     for c in configs:
         if not isinstance(c, Config):
             continue
-        if c.variant != "wgmma":
-            keep |= {_MMA_KEY, "_nm_column_map"}
-        else:
-            keep.add(_packed_key(c.bm, c.cluster_m, c.as_24))
-            if isinstance(A, VNM) and not c.as_24:  # the gather's column maps
-                keep |= {k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")}
+        if c.as_24:
+            keep.add(_AS_24_KEY)
+            continue
+        keep.add(_PACKED_KEY)
+        if isinstance(A, VNM):  # the gathers' column maps
+            keep |= {"_nm_column_map"} if c.variant != "wgmma" else \
+                {k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")}
     for key in [k for k in A.__dict__ if k.startswith("_nm_") and k not in keep]:
         del A.__dict__[key]
 
@@ -617,12 +607,14 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     M, N = A.shape[0], x.shape[0]
     if vnm and A.shape[1] * (-(-N // 8) * 8) >= 2**31:
         raise ValueError(f"x^T of {A.shape[1]} rows x {N} tokens: the wgmma gather's 32-bit offsets overflow")
-    values, meta, stages_k = packed_wgmma(A, config.bm, config.cluster_m, as_24)
+    values, meta, _, kt = packed_as_24(A) if as_24 else packed(A)
+    stages_k = kt // 2
+    a_map, e_map = a_maps(values, meta, config.bm)
     box_rows = config.bn // config.cluster_m  # each CTA's share of a box of x
     # x's address goes in per call (its copy, where one is made, too): NULL / no descriptor here
     if vnm:
         in_place, ldx, n_alloc = _tokens_major_pitch(x)
-        (cols, full_stages), v_rows = wgmma_column_map(A, stages_k, config.bm), A.v
+        (cols, full_stages), v_rows = wgmma_column_map(A, config.bm), A.v
         x_copied = False
     else:
         # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T): else a copy
@@ -647,11 +639,11 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     # a 16-bit out, contiguous along M, no residual: its tiles stored by the tensor copy engine
     son, som, _, _, out_code, _, _, _, _ = rest
     tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and p_res is NULL)
-    args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, values, meta, NULL, cols, ldx, n_alloc, v_rows, full_stages, out,
+    args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, a_map, e_map, NULL, cols, ldx, n_alloc, v_rows, full_stages, out,
             p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
     # per call: x's descriptor (2:4) or x^T (V:N:M), out's descriptor, out, bias, residual
     prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=_wgmma_smem_bytes(config, boxes),
-                              slots=(0, 5, 1, 11, 12, 13))
+                              slots=(0, 5, 1, 11, 12, 13), reads=(values, meta))
     epi_tokens = _epi_tokens(config)
 
     def run(x, out, bias, residual):

@@ -13,16 +13,29 @@ from spartune.kernels.cuda import emulate as E
 from spartune.tune.problem import Epilogue, Problem
 
 
+def mma_registers(values, meta):
+    """The mma kernel's reads of the packing (spmm_nm.cu: a lane's four words at its row g's 16
+    bytes of the unit's 256-byte row halves and 128-byte core matrices, the same as ldmatrix's four
+    matrices give) -> register order (tiles, K steps, 32, 8) and the metadata each lane reads."""
+    mt, kt = values.shape[:2]
+    units = values.reshape(mt, kt, 256)
+    lane = torch.arange(32)
+    word = (lane // 4) * 4 + lane % 4
+    halves = torch.stack([2 * (word + off) + e for off in (0, 64, 32, 96) for e in (0, 1)], dim=1)  # (32, 8)
+    return units[..., halves.flatten()].reshape(mt, kt, 32, 8), meta[..., 2 * (lane // 4) + lane % 2]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows, cols", [(16, 32), (100, 72), (7, 5), (33, 130), (1, 1)])
+@pytest.mark.parametrize("rows, cols", [(16, 32), (100, 72), (7, 5), (33, 130), (1, 1), (300, 328)])
 def test_packing_round_trips_through_the_emulation(dtype, rows, cols):
+    """What the mma kernel reads of the one packing is what mma.sp decodes into the weight."""
     w = random_2to4(rows, cols, dtype, seed=rows * 1000 + cols)
     A = st.NM.from_dense(w, 2, 4)
     values, meta, mt, kt = K.packed(A)
-    assert values.shape == (mt, kt, 32, 8) and meta.shape == (mt, kt, 16) and meta.dtype == torch.int32
-    assert mt * 16 >= rows and kt * 32 >= cols
-    lane = torch.arange(32)
-    dense = E.decode_matrix(values, meta[..., 2 * (lane // 4) + lane % 2])  # what each lane reads
+    assert values.shape == (mt, kt, 2, 2, 8, 8) and meta.shape == (mt, kt, 16)
+    assert meta.dtype == torch.int32 and mt == -(-rows // 16) and kt % 4 == 0 and kt * 32 >= cols > (kt - 4) * 32
+    regs, lane_meta = mma_registers(values, meta)
+    dense = E.decode_matrix(regs, lane_meta)
     assert torch.equal(dense[:rows, :cols], w.double())
     assert not dense[rows:].any() and not dense[:, cols:].any()
     assert K.packed(A) is K.packed(A)  # memoised on the weight
@@ -89,27 +102,35 @@ def test_linear_on_the_cpu_falls_back():
 
 # ---- the wgmma variant's host side ----
 
-@pytest.mark.parametrize("rows, cols, cluster_m", [(16, 32, 1), (100, 72, 1), (300, 328, 2), (7, 5, 2)])
-def test_wgmma_packing_puts_each_value_where_the_tensor_cores_read_it(rows, cols, cluster_m):
+@pytest.mark.parametrize("bm", [128, 256])
+@pytest.mark.parametrize("rows, cols", [(16, 32), (100, 72), (300, 328), (7, 5)])
+def test_packing_puts_each_value_where_the_wgmma_tensor_cores_read_it(rows, cols, bm):
+    """A stage's 3-D boxes (`a_maps`: bm / 16 tiles x 2 K steps, zeros past the tiles) land as
+    (K step, tile); each (K step, m64 block) 2 KB block is then 64 x 16 kept values K-major in
+    8 x 8 core matrices (8-row groups 256 B apart, the two K core matrices 128 B), as wgmma.sp's
+    descriptor reads them, and the metadata (K step, tile, 16 words)."""
     w = random_2to4(rows, cols, torch.float16, seed=rows + cols)
     A = st.NM.from_dense(w, 2, 4)
     values, meta, mt, kt = K.packed(A)
-    wv, wm, stages = K.packed_wgmma(A, 128, cluster_m)
-    blocks = wv.shape[0]
-    # (block, stage, K step, 64-row block, 8-row group, K core matrix, row, value)
-    assert wv.shape == (blocks, stages, 2, 2, 8, 2, 8, 8) and wm.shape == (blocks, stages, 2, 8, 16)
-    assert blocks % cluster_m == 0 and blocks * 128 >= rows and stages * 64 >= cols and stages % 2 == 0
-    # element by element: kept value (row, c) of A's compressed rows sits at its core-matrix address
-    kept = torch.zeros(blocks * 128, stages * 32, dtype=A.values.dtype)
+    tiles = bm // 16
+    blocks = -(-mt // tiles)
+    kept = torch.zeros(blocks * bm, kt * 16, dtype=A.values.dtype)
     kept[:rows, : A.values.shape[1]] = A.values
-    b, s, kk, j, rg, kc, r, e = torch.meshgrid(*[torch.arange(n) for n in wv.shape], indexing="ij")
-    row, col = b * 128 + j * 64 + rg * 8 + r, (s * 2 + kk) * 16 + kc * 8 + e
-    assert torch.equal(wv, kept[row, col])
-    # the metadata: back in (16-row tile, 32-wide K step) order, mma.sp's registers
-    back_m = wm.permute(0, 3, 1, 2, 4).reshape(blocks * 8, stages * 2, 16)
-    assert torch.equal(back_m[:mt, :kt], meta)
-    assert (back_m[mt:] == 0x44444444).all() and (back_m[:, kt:] == 0x44444444).all()
-    assert K.packed_wgmma(A, 128, cluster_m) is K.packed_wgmma(A, 128, cluster_m)
+    units = torch.zeros(blocks * tiles, kt, 256, dtype=values.dtype)
+    units[:mt] = values.reshape(mt, kt, 256)
+    words = torch.zeros(blocks * tiles, kt, 16, dtype=meta.dtype)
+    words[:mt] = meta
+    for mb in range(blocks):
+        for ks in range(kt // 2):
+            box = units[mb * tiles:(mb + 1) * tiles, 2 * ks: 2 * ks + 2].transpose(0, 1)  # (K step, tile, unit)
+            stage = box.reshape(2, tiles // 4, 8, 2, 8, 8)  # (K step, m64 block, 8-row group, K core, row, value)
+            kk, j, g, kc, r, e = torch.meshgrid(*[torch.arange(n) for n in stage.shape], indexing="ij")
+            row, col = mb * bm + j * 64 + g * 8 + r, (2 * ks + kk) * 16 + kc * 8 + e
+            assert torch.equal(stage, kept[row, col])
+            e_box = words[mb * tiles:(mb + 1) * tiles, 2 * ks: 2 * ks + 2].transpose(0, 1)
+            held = min(tiles, mt - mb * tiles)  # (past the weight: zeros, rows never stored)
+            assert torch.equal(e_box[:, :held], meta[mb * tiles: mb * tiles + held, 2 * ks: 2 * ks + 2].transpose(0, 1))
+    assert (meta[:, -1] == 0x44444444).all() or cols > (kt - 1) * 32  # K's padding: valid metadata
 
 
 def test_wgmma_space_is_hopper_only():
@@ -144,8 +165,7 @@ def test_vnm_packing_and_column_map_rebuild_the_weight(v, m, rows, cols):
     cmap = K.column_map(A)
     assert cmap.shape == (A.row_blocks, kt * 32) and cmap.dtype == torch.int32
     assert cmap.max() < cols and cmap.min() >= -1
-    lane = torch.arange(32)
-    gathered = E.decode_matrix(values, meta[..., 2 * (lane // 4) + lane % 2])  # (mt*16, kt*32)
+    gathered = E.decode_matrix(*mma_registers(values, meta))[: mt * 16]  # (mt*16, kt*32)
     dense = torch.zeros(mt * 16, cols + 1, dtype=torch.float64)
     col = cmap.long().repeat_interleave(v, 0)[: mt * 16]
     dense.scatter_add_(1, torch.where(col < 0, cols, col), gathered)  # -1 lands in a spare column
@@ -203,18 +223,17 @@ def test_vnm_wgmma_space_covers_one_block_or_two_halves():
         assert not [c for c in K.space(Problem(**{**prob.__dict__, "n": 32})) if c.variant == "wgmma"]
 
 
-def test_vnm_wgmma_column_map_pads_stages_and_row_blocks():
+def test_vnm_wgmma_column_map_pads_row_blocks():
     A = st.sparsify_weight(torch.randn(130, 300), "64:2:8")  # 3 row blocks; 128-row tiles cover 4
-    values, meta, stages = K.packed_wgmma(A, 128)
-    cmap, full = K.wgmma_column_map(A, stages, 128)
+    values, meta, mt, kt = K.packed(A)
+    cmap, full = K.wgmma_column_map(A, 128)
     base = K.column_map(A)
-    assert cmap.shape == (4, stages * 64) and cmap.dtype == torch.int32 and cmap.is_contiguous()
-    assert torch.equal(cmap[:3, : base.shape[1]], base)
-    assert (cmap[3] == -1).all() and (cmap[:, base.shape[1]:] == -1).all()
+    assert cmap.shape == (4, kt * 32) and cmap.dtype == torch.int32 and cmap.is_contiguous()
+    assert torch.equal(cmap[:3], base) and (cmap[3] == -1).all()
     assert full == 0  # the padding block has no column: every stage is checked
-    assert K.wgmma_column_map(A, stages, 128)[0] is cmap
+    assert K.wgmma_column_map(A, 128)[0] is cmap
     B = st.sparsify_weight(torch.randn(256, 1000), "64:2:8")  # 125 column blocks: 500 kept, K' pads to 512
-    bmap, bfull = K.wgmma_column_map(B, K.packed_wgmma(B, 128)[2], 128)
+    bmap, bfull = K.wgmma_column_map(B, 128)
     assert bfull == 7 and (bmap[:, : 7 * 64] >= 0).all() and (bmap[:, 7 * 64:] < 0).any()
 
 
@@ -415,30 +434,31 @@ def test_vnm_as_24_is_the_same_matrix_and_runs_2to4_configs(pattern):
     for c in as_24[:3]:
         assert K.features(prob, c) == K.features(plain, dataclasses.replace(c, as_24=False))
         assert K.instances(prob, c) == K.instances(plain, dataclasses.replace(c, as_24=False))
-    values, meta, stages = K.packed_wgmma(A, 128, 1, as_24=True)  # from a 2:4 copy that is not kept
-    plain_values, plain_meta, plain_stages = K.packed_wgmma(K.as_2to4(A), 128, 1)
-    assert torch.equal(values, plain_values) and torch.equal(meta, plain_meta) and stages == plain_stages
-    assert [k for k in A.__dict__ if k.startswith("_nm_")] == ["_nm_wgmma_as24_packed_128_1"]
+    values, meta, mt, kt = K.packed_as_24(A)  # from a 2:4 copy that is not kept
+    plain_values, plain_meta, plain_mt, plain_kt = K.packed(K.as_2to4(A))
+    assert torch.equal(values, plain_values) and torch.equal(meta, plain_meta) and (mt, kt) == (plain_mt, plain_kt)
+    assert [k for k in A.__dict__ if k.startswith("_nm_")] == ["_nm_as24_packed"]
     K.release_unused(A, [])
     assert not [k for k in A.__dict__ if k.startswith("_nm_")]
 
 
 @pytest.mark.parametrize("pattern", ["2:4", "64:2:8"])
 def test_release_keeps_exactly_what_chosen_configs_read(pattern):
-    """The tuner packs a weight for every variant it times; the wgmma packing starts from the mma
-    one without keeping it, and release_unused keeps only the packings of the chosen configs."""
+    """The tuner packs a weight for every variant it times (one packing for both, V:N:M's maps and
+    as_24 copy beside it); release_unused keeps only what the chosen configs read."""
     A = st.sparsify_weight(torch.randn(192, 256, dtype=torch.float16), pattern)
     nm = lambda: sorted(k for k in A.__dict__ if k.startswith("_nm_"))  # noqa: E731
-    K.packed_wgmma(A, 128, 1)
-    assert nm() == ["_nm_wgmma_packed_128_1"]  # no mma packing left behind
-    K.packed(A)
-    K.packed_wgmma(A, 64, 2)
     mma = K.Config(32, 8, 4, 2, stages=3)
-    wgmma = K.Config(64, 256, 12, variant="wgmma", stages=4, cluster_m=2)
+    wgmma = K.Config(128, 256, 12, variant="wgmma", stages=4, cluster_m=2)
+    K.packed(A)
+    maps = []
+    if pattern != "2:4":
+        K.column_map(A), K.wgmma_column_map(A, 128), K.packed_as_24(A)
+        maps = ["_nm_column_map", "_nm_wgmma_map_128"]
     K.release_unused(A, [mma, wgmma])
-    assert nm() == ["_nm_packed", "_nm_wgmma_packed_64_2"]
+    assert nm() == sorted(["_nm_packed", *maps])
     K.release_unused(A, [wgmma])
-    assert nm() == ["_nm_wgmma_packed_64_2"]
+    assert nm() == sorted(["_nm_packed", *maps[1:]])
     K.release_unused(A, [])
     assert nm() == []
 

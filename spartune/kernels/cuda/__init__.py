@@ -13,10 +13,10 @@ import torch
 
 from .cache import CubinCache
 from .compiler import CudaCompileError, Instance, instance
-from .runtime import LoadedKernel, launch, load, precompile, tensor_map_2d
+from .runtime import LoadedKernel, launch, load, precompile, tensor_map_2d, tensor_map_3d
 
 __all__ = ["available", "unavailable_reason", "instance", "Instance", "CudaCompileError", "CubinCache",
-           "LoadedKernel", "load", "launch", "precompile", "tensor_map_2d"]
+           "LoadedKernel", "load", "launch", "precompile", "tensor_map_2d", "tensor_map_3d"]
 
 
 @functools.cache

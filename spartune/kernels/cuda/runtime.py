@@ -249,9 +249,12 @@ class LoadedKernel:
         `prepare`)."""
         self.prepare(grid, block, *args, shmem=shmem)()
 
-    def prepare(self, grid, block, *args, shmem: int = 0, slots: tuple[int, ...] = ()) -> "PreparedLaunch":
-        """This launch with its arguments packed once; a call fills the arguments at `slots`."""
-        return PreparedLaunch(self, grid, block, args, shmem, slots)
+    def prepare(self, grid, block, *args, shmem: int = 0, slots: tuple[int, ...] = (),
+                reads: tuple[torch.Tensor, ...] = ()) -> "PreparedLaunch":
+        """This launch with its arguments packed once; a call fills the arguments at `slots`.
+        reads: tensors that fixed descriptors among the arguments point into (held as the
+        fixed tensor arguments are)."""
+        return PreparedLaunch(self, grid, block, args, shmem, slots, reads)
 
     def _reserve(self, shmem: int) -> None:
         if shmem > self._shmem_limit:
@@ -300,7 +303,8 @@ class PreparedLaunch:
     as the ones prepared with (dispatch keys its bound calls by that layout). A slot takes a
     tensor, None (a null pointer) or, where bytes were prepared, a 128-byte descriptor."""
 
-    def __init__(self, kernel: LoadedKernel, grid, block, args: tuple, shmem: int, slots: tuple[int, ...]):
+    def __init__(self, kernel: LoadedKernel, grid, block, args: tuple, shmem: int, slots: tuple[int, ...],
+                 reads: tuple[torch.Tensor, ...] = ()):
         kernel._reserve(shmem)
         params = KernelParams(tuple(map(type, args)))
         params.pack(params.values(args, kernel.device_index))  # (checks every tensor's device once)
@@ -310,7 +314,7 @@ class PreparedLaunch:
         self._kernel, self._params = kernel, params
         # the tensors it reads at fixed addresses (a weight's packed layouts, a workspace) live as
         # long as it does, whatever their owner drops
-        self._holds = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in slots]
+        self._holds = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in slots] + list(reads)
         self._launch_args = (kernel._handle, *_dim3(grid), *_dim3(block), shmem)
         self._slots = tuple((params.offsets[i], _STRUCT_SLOT if type(args[i]) is bytes else _POINTER_SLOT)
                             for i in slots)
@@ -344,6 +348,42 @@ def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
     return desc
 
 
+def tensor_map_3d(t: torch.Tensor, box: tuple[int, int, int]) -> bytes:
+    """The TMA descriptor of a 3-D tensor t (d0, d1, d2), d2 contiguous, read in boxes of
+    box = (along d2, d0, d1) elements, no swizzle, zeros out of bounds: the box lands in shared
+    memory d2 fastest, then d0, then d1 (a (tile, K step, unit) packing read as (K step, tile))."""
+    from cuda.bindings import driver
+
+    kinds = {torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             torch.int32: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_INT32}
+    size = t.element_size()
+    strides = [t.stride(0) * size, t.stride(1) * size]
+    if t.dim() != 3 or t.dtype not in kinds or t.stride(2) != 1 or t.data_ptr() % 16 or any(s % 16 for s in strides):
+        raise ValueError("tensor_map_3d needs a 3-D fp16/bf16/int32 tensor, its last dimension contiguous, "
+                         "16-byte aligned strides")
+    d0, d1, d2 = t.shape
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+
+    def encode():
+        return driver.cuTensorMapEncodeTiled(
+            kinds[t.dtype], 3, t.data_ptr(), [u64(d2), u64(d0), u64(d1)], [u64(s) for s in strides],
+            [u32(b) for b in box], [u32(1)] * 3, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    return _encoded(encode, t.device.index)
+
+
+def _encoded(encode, device_index: int) -> bytes:
+    err, tmap = encode()
+    if int(err) == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(device_index):
+        err, tmap = encode()  # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
+    _check(err, "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
 def _encode_tensor_map(t: torch.Tensor, rows: int, cols: int, pitch: int, box_cols: int, box_rows: int) -> bytes:
     from cuda.bindings import driver
 
@@ -361,11 +401,7 @@ def _encode_tensor_map(t: torch.Tensor, rows: int, cols: int, pitch: int, box_co
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
 
-    err, tmap = encode()
-    if int(err) == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(t.device.index):
-        err, tmap = encode()  # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
-    _check(err, "cuTensorMapEncodeTiled")
-    return ctypes.string_at(tmap.getPtr(), 128)
+    return _encoded(encode, t.device.index)
 
 
 def _check(err, what: str) -> None:

@@ -4,6 +4,7 @@ pure-torch emulation of the instruction and a float64 dense product."""
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -446,6 +447,14 @@ def test_prepared_launch_packs_once_and_fills_its_slots(monkeypatch):
                     ((5, 3, 1, 1, 128, 1, 1, 1024, 77), a.data_ptr(), 9, 0, desc)]
     with pytest.raises(ValueError):  # as many values as slots
         prepared(a, None)
+    # what a fixed descriptor points into is held as long as the launch is (a weight's packing)
+    weight = torch.zeros(16)
+    ref = weakref.ref(weight)
+    held = kernel.prepare(1, 1, a, 9, np.uint64(0), desc, slots=(0,), reads=(weight,))
+    del weight
+    assert ref() is not None
+    del held
+    assert ref() is None
     with pytest.raises(TypeError, match="slot 1"):  # an int is the kernel's, not a pointer to fill
         kernel.prepare(1, 1, a, 9, slots=(1,))
     with pytest.raises(ValueError, match="cuda:0"):  # tensors are checked once, when prepared

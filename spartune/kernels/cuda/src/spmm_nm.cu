@@ -7,11 +7,14 @@
 // 8-token slices and K in WARPS_K interleaved parts (summed through shared memory at the end:
 // decode has few row tiles, so K is where the parallelism is). K is walked in chunks of
 // WARPS_K x KSTEPS x 32: the chunk's x tile is staged in shared memory (ldmatrix gives mma.sp's
-// B fragment directly), A's fragments come from global memory in register order (sparse_mma.py:
-// one 16-byte and one 4-byte load per lane); the next chunk's A fragments and x tile are loaded
-// into registers while this chunk multiplies. With PIPE >= 3 (2:4, x rows 16-byte aligned) they
+// B fragment directly), A's fragments come from global memory (the packing that the wgmma
+// variant reads too, kernels/spmm_nm.py: per 16-row tile and K step 512 bytes of 8 x 8 core
+// matrices, four 4-byte loads per lane, and a metadata word); the next chunk's A fragments and x
+// tile are loaded into registers while this chunk multiplies. With PIPE >= 3 (2:4, x rows 16-byte
+// aligned) they
 // move by cp.async instead, into a ring of PIPE shared-memory stages PIPE - 1 chunks ahead, so
-// more of the weight is in flight per warp without registers to hold it (decode's limit).
+// more of the weight is in flight per warp without registers to hold it (decode's limit); a
+// unit lands whole (16 bytes a lane) and ldmatrix reads the fragment from it.
 // V:N:M takes the ring too (GATHER 2): x is then read as x^T (K rows, tokens contiguous), where a
 // kept column's tokens are one 16-byte row per 8 tokens, copied by cp.async into a k-major tile
 // that ldmatrix.trans turns into the same B fragments. GATHER 3, for a few tokens: x's rows are
@@ -114,8 +117,8 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
                : "r"(addr));
 }
 
-// a_values: (Mt, Kt, 32, 8) halves as uint4 per lane; a_meta: (Mt, Kt, 16) words, those of lanes
-// 4g and 4g + 1 (sparse_mma.py; selector 0 reads no other lane's).
+// a_values: (Mt, Kt) units of 512 bytes, each (8-row half, K core matrix, row, 8 halves); a_meta:
+// (Mt, Kt, 16) words, those of lanes 4g and 4g + 1 (selector 0 reads no other lane's).
 // x: (N, K) at strides (sxn, sxk) (GATHER 2: x^T, K rows at pitch sxk, tokens contiguous and sxn
 // of them readable per row, a multiple of 8; GATHER 3: x (N, kx), staged in rows of kx rounded up
 // to 8 after the ring's PIPE_BYTES); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte aligned
@@ -149,17 +152,23 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
+  // the packing's unit of (16-row tile mt, K step kt)
+  auto unit = [&](int mt, int kt) { return (long long)mt * Kt + kt; };
   uint4 av[WM][KSTEPS];
   unsigned am[WM][KSTEPS];
   auto load_a = [&](int chunk) {  // this warp's K steps of the chunk: warp_k, + WARPS_K, ...
+    // lane (g, t)'s registers: rows g, g + 8 (the unit's 256-byte halves) x columns 2t, 8 + 2t (its
+    // 128-byte core matrices), 4 bytes at row g's 16
+    const int word = (lane >> 2) * 4 + (lane & 3);
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
         const int mt = mt0 + i, kt = chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k;
         if (mt < Mt && kt < Kt) {
-          const long long at = (long long)mt * Kt + kt;
-          av[i][s] = a_values[at * 32 + lane];
+          const long long at = unit(mt, kt);
+          const unsigned* w = reinterpret_cast<const unsigned*>(a_values + at * 32) + word;
+          av[i][s] = make_uint4(w[0], w[64], w[32], w[96]);
           am[i][s] = a_meta[at * 16 + 2 * (lane >> 2) + (lane & 1)];
         } else {
           av[i][s] = make_uint4(0u, 0u, 0u, 0u);
@@ -356,7 +365,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
       for (int s = 0; s < KSTEPS; ++s) {
         if ((i * KSTEPS + s) % WARPS_N != warp_n) continue;  // a token warp's share
         const bool ok = a_ok(chunk, i, s);
-        const long long at = ok ? (long long)(mt0 + i) * Kt + chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k : 0;
+        const long long at = ok ? unit(mt0 + i, chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k) : 0;
         cp_async16(av_s + frag(i, s), a_values + at * 32 + lane, ok ? 16 : 0);
         cp_async4(am_s + frag(i, s), a_meta + at * 16 + 2 * (lane >> 2) + (lane & 1), ok ? 4 : 0);
       }
@@ -408,11 +417,15 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     const unsigned* am_s = reinterpret_cast<const unsigned*>(base + XS_BYTES + A_FRAGS * 16);
     uint4 cur_v[WM][KSTEPS];
     unsigned cur_m[WM][KSTEPS];
+    // ldmatrix's four 8 x 8 matrices of a unit: (rows 0-7, 8-15) x (columns 0-7, 8-15) are a0..a3
+    const int a_row = (lane >> 3 & 1) * 128 + (lane >> 4) * 64 + (lane & 7) * 8;  // halves into the unit
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
-        cur_v[i][s] = av_s[frag(i, s)];
+        unsigned a[4];
+        ldmatrix_x4(a, reinterpret_cast<const unsigned short*>(av_s + frag(i, s) - lane) + a_row);
+        cur_v[i][s] = make_uint4(a[0], a[1], a[2], a[3]);
         cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
       }
     multiply(c, cur_v, cur_m);

@@ -3,9 +3,9 @@
 // A CTA owns BM rows of A x BN tokens and walks K in stages of 64 (one 128-byte swizzle row of x):
 // - warpgroup 0 is the producer: one thread waits for a free stage, then loads the stage's x box
 //   with the tensor copy engine (TMA, 128-byte swizzle, zeros past N and K) and A's values and
-//   metadata with two bulk copies (the host packs them per (BM rows, K stage): the values as the
-//   tensor cores read them, the metadata in the consumers' order), all completing on the stage's
-//   `full` mbarrier;
+//   metadata with a 3-D box each (BM / 16 tiles x 2 K steps of the packing that the mma variant
+//   reads too: per tile and K step the values as the tensor cores read them, the metadata in the
+//   consumers' order), all completing on the stage's `full` mbarrier;
 // - warpgroups 1 and 2 are the consumers, BM/2 rows each: each thread reads its metadata word
 //   (mma.sp m16n8k32's layout, which wgmma.sp keeps per warp), issues the stage's wgmma.sp with A
 //   and B (x) from shared memory, waits, and frees the stage (one arrival per warp).
@@ -116,8 +116,10 @@ __device__ __forceinline__ void gather_stage(unsigned char* dst, const char* bas
     }
 }
 
-// a_values: per (row block, stage) A_STAGE bytes of kept values, (K step, m64 block) blocks of 8 x 8
-// core matrices; a_meta: (row blocks, k_stages, KS, T, 16) words (kernels/spmm_nm.py packs both);
+// a_map, e_map: the packing's values (tiles, K steps, 512 bytes) and metadata (tiles, K steps, 16
+// words), in boxes of (a unit, T tiles, KS K steps) landing as (K step, tile): a K step's m64
+// block is 2 KB of 8 x 8 core matrices (kernels/spmm_nm.py `packed`, `a_maps`; tiles past the
+// weight land as zeros, their rows never stored);
 // x_map: x (N, K) in boxes of BK x BN / CLUSTER_M (2:4). V:N:M: xt (K, ldx) with n_alloc readable
 // tokens per row, col_map (row blocks of v_rows, k_stages * BK) int32 with no -1 before stage
 // full_stages. bias (M,) / residual (N, M) may be null. ws, counters (2:4, a split tail): each
@@ -129,8 +131,8 @@ __device__ __forceinline__ void gather_stage(unsigned char* dst, const char* bas
 #endif
 extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap out_map, int tma_out,
-                  const uint4* __restrict__ a_values,
-                  const unsigned* __restrict__ a_meta, const unsigned short* __restrict__ xt,
+                  const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap e_map,
+                  const unsigned short* __restrict__ xt,
                   const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
                   void* __restrict__ out,
                   const void* __restrict__ bias, const void* __restrict__ residual, int M, int N, int k_stages,
@@ -185,6 +187,11 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   __syncthreads();
   if constexpr (CLUSTER_M > 1) spartune::cluster_sync();  // the peers' barriers exist before any copy
 
+  // A's boxes of stage ks of row block mb into ring stage s
+  auto copy_a = [&](int mb, int ks, int s) {
+    spartune::tma_load_3d(a_tiles + s * (A_STAGE / 16), &a_map, 0, mb * T, ks * KS, &full[s]);
+    spartune::tma_load_3d(e_tiles + s * (E_STAGE / 4), &e_map, 0, mb * T, ks * KS, &full[s]);
+  };
   if (threadIdx.x < 128) {  // producer warpgroup
 #if GATHER
     spartune::setmaxnreg_dec<56>();
@@ -214,8 +221,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
                                  : nullptr;
       next[h] = held_cols[h] ? __ldg(held_cols[h]) : -1;
     }
-    const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
-    const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
     for (int ks = 0; ks < k_stages; ++ks) {
       const int s = (it + ks) % STAGES;
       unsigned held[HELD];
@@ -227,8 +232,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
       spartune::mbar_wait(&empty[s], (((it + ks) / STAGES) & 1) ^ 1);
       if (p == 0) {
         spartune::mbar_arrive_expect_tx(&full[s], STAGE_TX);
-        spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
-        spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
+        copy_a(mb, ks, s);
       }
       // two copies of the loop, not one predicated one (predicated-off instructions still issue)
       if (ks < full_stages)
@@ -245,8 +249,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     for (int q = 0, it = 0; threadIdx.x == 0 && segment(q, u, k0, k1); ++q) {
       int mb, n0;
       tile_of(u, mb, n0);
-      const uint4* a_src = a_values + (size_t)mb * k_stages * (A_STAGE / 16);
-      const unsigned* e_src = a_meta + (size_t)mb * k_stages * (E_STAGE / 4);
       for (int ks = k0; ks < k1; ++ks, ++it) {
         const int s = it % STAGES;
         spartune::mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
@@ -256,8 +258,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
                                           n0 + rank * BOX_N, &full[s], (1u << CLUSTER_M) - 1);
         else
           spartune::tma_load_2d(b_tiles + s * B_STAGE, &x_map, ks * BK, n0, &full[s]);
-        spartune::bulk_copy(a_tiles + s * (A_STAGE / 16), a_src + (size_t)ks * (A_STAGE / 16), A_STAGE, &full[s]);
-        spartune::bulk_copy(e_tiles + s * (E_STAGE / 4), e_src + (size_t)ks * (E_STAGE / 4), E_STAGE, &full[s]);
+        copy_a(mb, ks, s);
       }
     }
 #endif

@@ -69,6 +69,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, i
       : "memory");
 }
 
+// A 3-D box of the tensor at element coordinates (c0 innermost, c1, c2) into shared memory, in box
+// order (c0 fastest), completing on `bar` (expect_tx counts the box's bytes, zero-filled ones too).
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* tensor_map, int c0, int c1, int c2,
+                                            unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // The same box written at the same offset into the shared memory of every CTA of the cluster in
 // `cta_mask`, each completing on its own mbarrier at `bar`'s offset.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* tensor_map, int c0, int c1,
