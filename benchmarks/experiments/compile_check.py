@@ -1,0 +1,33 @@
+"""Compile spmm_nm's kernels with NVRTC on the CPU machine (no GPU): a syntax and ptxas check before
+device time is spent. LD_LIBRARY_PATH=/tmp/nvpkgs/nvidia/cu13/lib PYTHONPATH=/tmp/nvpkgs:$PWD."""
+import sys
+import time
+
+import torch
+
+from spartune.kernels import spmm_nm as K
+from spartune.kernels.cuda import compiler as C
+from spartune.kernels.cuda.compiler import SRC_DIR, program_options, read_sources
+
+cases = [
+    (K.Config(32, 8, 4, 2, stages=2), 0), (K.Config(32, 8, 4, 2, stages=3), 0),
+    (K.Config(32, 16, 8, 4, stages=3, cluster_m=2), 0), (K.Config(32, 8, 16, 8, stages=3), 0),
+    (K.Config(64, 8, 4, 1, stages=3), 2), (K.Config(64, 8, 4, 1, stages=3, x_whole=True), 3),
+    (K.Config(64, 64, 4, stages=2), 1),
+    (K.Config(128, 256, 12, variant="wgmma", stages=4), 0),
+    (K.Config(256, 128, 12, variant="wgmma", stages=4, cluster_m=2), 0),
+    (K.Config(128, 128, 12, variant="wgmma", stages=4), 1), (K.Config(128, 128, 12, variant="wgmma", stages=3), 2),
+]
+if len(sys.argv) > 1:
+    cases = cases[: int(sys.argv[1])]
+for config, gather in cases:
+    inst = K._instance(config, torch.float16, gather, 0)
+    arch = C.device_arch((9, 0), inst.arch_specific)
+    opts = program_options(inst, arch)
+    opts["include_path"] = [str(SRC_DIR)]
+    t = time.time()
+    try:
+        cubin = C.nvrtc_compile(read_sources(inst.template)[inst.template], opts)
+        print(f"ok {time.time() - t:5.1f}s {len(cubin):7d} B  gather {gather} {config}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"FAILED gather {gather} {config}\n{e}", flush=True)
