@@ -32,11 +32,17 @@ CASES = [  # (name, M, K, N, pattern, config)
     ("7b-up", 11008, 4096, 2048, "64:2:8", C(128, 256, stages=4, as_24=True, **W)),
     ("7b-up", 11008, 4096, 2048, "64:2:8", C(128, 128, stages=4, **W)),
     ("7b-up", 11008, 4096, 2048, "128:2:8", C(128, 256, stages=4, **W)),
+    ("o+res", 4096, 4096, 2048, "2:4", C(128, 256, stages=4, **W)),
+    ("7b-down+res", 4096, 11008, 2048, "2:4", C(128, 256, stages=5, **W)),
+    ("7b-down+res", 4096, 11008, 2048, "2:4", C(256, 128, stages=4, cluster_m=2, **W)),
+    ("7b-up+res", 11008, 4096, 2048, "64:2:8", C(128, 256, stages=4, as_24=True, **W)),
+    ("7b-up+res", 11008, 4096, 2048, "128:2:8", C(128, 256, stages=4, **W)),
 ]
 which = sys.argv[1]
 max_n = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 30  # (decode only: 16)
+min_n = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 torch.manual_seed(0)
-for name, M, Kd, N, pattern, cfg in (c for c in CASES if c[3] <= max_n):
+for name, M, Kd, N, pattern, cfg in (c for c in CASES if min_n <= c[3] <= max_n):
     w = torch.randn(M, Kd, device="cuda", dtype=torch.float16)
     A = sparsify_weight(w, pattern)
     prob = Problem("linear", A.signature, M, Kd, N, "float16", A.stats(), device=device_name(0))
@@ -45,11 +51,12 @@ for name, M, Kd, N, pattern, cfg in (c for c in CASES if c[3] <= max_n):
         continue
     x = torch.randn(N, Kd, device="cuda", dtype=torch.float16)
     out = torch.empty(N, M, device="cuda", dtype=torch.float16)
-    run = K.bind(A, x, out, cfg)
-    run(x, out, None, None)
-    expect = F.linear(x.double(), A.to_dense().double())
+    res = torch.randn(N, M, device="cuda", dtype=torch.float16) if name.endswith("+res") else None
+    run = K.bind(A, x, out, cfg, residual=res)
+    run(x, out, None, res)
+    expect = F.linear(x.double(), A.to_dense().double()) + (0 if res is None else res.double())
     err = ((out.double() - expect).norm() / expect.norm()).item()
-    pairs = [(cold_replay(lambda: run(x, out, None, None)), cold_replay(lambda: F.linear(x, w))) for _ in range(3)]
+    pairs = [(cold_replay(lambda: run(x, out, None, res)), cold_replay(lambda: F.linear(x, w))) for _ in range(3)]
     ours = sorted(p[0] for p in pairs)[1] * 1e6
     dense = sorted(p[1] for p in pairs)[1] * 1e6
     print(json.dumps(dict(tree=which, case=f"{name} {pattern} N={N}", config=str(cfg), ours_us=round(ours, 2),

@@ -3,8 +3,8 @@
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 SPARTUNE_CACHE_DIR=/tmp/sc_ab
 for r in 1 2; do
-  PYTHONPATH=$PWD/benchmarks/experiments/old python benchmarks/experiments/pack_ab.py old ${MAX_N:-} >> "$OUT/pack_ab.jsonl" 2> "$OUT/pack_ab_old.err"
-  PYTHONPATH=$PWD python benchmarks/experiments/pack_ab.py new ${MAX_N:-} >> "$OUT/pack_ab.jsonl" 2> "$OUT/pack_ab_new.err"
+  PYTHONPATH=$PWD/benchmarks/experiments/old python benchmarks/experiments/pack_ab.py old ${MAX_N:-99999} ${MIN_N:-0} >> "$OUT/pack_ab.jsonl" 2> "$OUT/pack_ab_old.err"
+  PYTHONPATH=$PWD python benchmarks/experiments/pack_ab.py new ${MAX_N:-99999} ${MIN_N:-0} >> "$OUT/pack_ab.jsonl" 2> "$OUT/pack_ab_new.err"
 done
 python - "$OUT/pack_ab.jsonl" <<'PY'
 import json, sys, collections

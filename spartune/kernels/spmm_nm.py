@@ -115,7 +115,7 @@ def _wgmma_smem_bytes(config: Config, boxes: int) -> int:
     stage = max(boxes, 1) * config.bn * WGMMA_BK * 2 + config.bm * WGMMA_BK // 2 * 2 + config.bm * 2 * 4
     staged = _epi_tokens(config) * (config.bm + 4) * 4
     pipe = config.stages * stage
-    return (pipe + staged if boxes == 0 else max(pipe, staged)) + 16 * config.stages + 1024
+    return (pipe + staged if boxes == 0 else max(pipe, staged)) + 16 * config.stages + 16 + 1024
 
 
 def _epi_tokens(config: Config) -> int:
@@ -485,13 +485,14 @@ def _as_plain_24(config: Config) -> Config:
 _kernels: dict[tuple, object] = {}  # (config, dtype, device index) -> loaded kernel
 
 
-def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: int = 0, act: int = 0):
-    key = (config, dtype, device.index, gather, act)
+def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: int = 0, act: int = 0,
+            res: bool = False):
+    key = (config, dtype, device.index, gather, act, res)
     kernel = _kernels.get(key)
     if kernel is None:  # (checked once per device, not on every call)
         if config.variant == "mma" and config.cluster_m > 1 and torch.cuda.get_device_capability(device) != (9, 0):
             raise ValueError(f"an mma cluster needs sm_90 (the space offers it there only), got {config}")
-        kernel = _kernels[key] = cuda.load(_instance(config, dtype, gather, act), device)
+        kernel = _kernels[key] = cuda.load(_instance(config, dtype, gather, act, res), device)
     return kernel
 
 
@@ -499,18 +500,22 @@ def instances(problem: Problem, config: Config) -> list:
     """The kernel a launch of `config` loads for `problem` (compiled ahead by the tuner)."""
     vnm = None if config.as_24 else _vnm(problem.fmt)
     gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else mma_gather(config)
-    return [_instance(config, getattr(torch, problem.dtype), gather, ACTIVATION_CODES[problem.epilogue.activation])]
+    return [_instance(config, getattr(torch, problem.dtype), gather, ACTIVATION_CODES[problem.epilogue.activation],
+                      problem.epilogue.residual)]
 
 
-def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0):
+def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0, res: bool = False):
     """gather: 0 for 2:4; V:N:M: `mma_gather(config)` (mma), or the boxes of x per stage (wgmma).
     act: the activation's code, compiled into the instance (its epilogue, unrolled over every
-    accumulator, then inlines one activation)."""
+    accumulator, then inlines one activation). res: a wgmma instance for calls with a residual
+    (the copy engine loads it; the mma variant reads any residual the same way)."""
     if config.variant == "wgmma":
         cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
+        residual = {"SPARTUNE_RES": 1} if res else {}
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-            "STAGES": config.stages, "GATHER": gather, "SPARTUNE_ACT": act, **cluster}, arch_specific=True)
+            "STAGES": config.stages, "GATHER": gather, "SPARTUNE_ACT": act, **cluster, **residual},
+            arch_specific=True)
     cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
@@ -620,7 +625,7 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         # TMA reads rows of K contiguous halves at a 16-byte pitch (spmm's X.T): else a copy
         x_copied = bool(x.stride(1) != 1 or (N > 1 and x.stride(0) % 8) or x.data_ptr() % 16)
         ldx, n_alloc, cols, v_rows, full_stages = 0, 0, NULL, 1, 0
-    kernel = _kernel(config, values.dtype, x.device, boxes, epilogue[-2])  # (the activation's code)
+    kernel = _kernel(config, values.dtype, x.device, boxes, epilogue[-2], epilogue[1] is not NULL)  # (act, residual)
     # (a V:N:M weight's rows pad to V, which may pass them; a cluster's row blocks come whole)
     row_blocks = math.ceil(M / (config.bm * config.cluster_m)) * config.cluster_m
     p_bias, p_res, *rest = epilogue
@@ -636,23 +641,27 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         # must not allocate)
         ws = scratch(_WORKSPACE, x.device, torch.float32, sms * 128 * 256)
         counters = arrival_counters(x.device, sms)
-    # a 16-bit out, contiguous along M, no residual: its tiles stored by the tensor copy engine
-    son, som, _, _, out_code, _, _, _, _ = rest
-    tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and p_res is NULL)
-    args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, a_map, e_map, NULL, cols, ldx, n_alloc, v_rows, full_stages, out,
-            p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
-    # per call: x's descriptor (2:4) or x^T (V:N:M), out's descriptor, out, bias, residual
+    # a 16-bit out contiguous along M (and a residual so, if any): its tiles stored by the tensor
+    # copy engine, the residual's loaded by it
+    son, som, srn, srm, out_code, _, res_code, _, _ = rest
+    tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and
+                  (p_res is NULL or res_code in (0, 1) and srm == 1 and srn % 8 == 0 and p_res.data_ptr() % 16 == 0))
+    tma_res = int(tma_out and p_res is not NULL)
+    args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, tma_res, a_map, e_map, NULL, cols, ldx, n_alloc,
+            v_rows, full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
+    # per call: x's descriptor (2:4) or x^T (V:N:M), out's and the residual's descriptors, out, bias, residual
     prepared = kernel.prepare((grid, 1, 1), (WGMMA_THREADS, 1, 1), *args, shmem=_wgmma_smem_bytes(config, boxes),
-                              slots=(0, 5, 1, 11, 12, 13), reads=(values, meta))
+                              slots=(0, 7, 1, 2, 13, 14, 15), reads=(values, meta))
     epi_tokens = _epi_tokens(config)
 
     def run(x, out, bias, residual):
         out_map = cuda.tensor_map_2d(out, 64, epi_tokens) if tma_out else _NO_TENSOR_MAP
+        res_map = cuda.tensor_map_2d(residual, 64, epi_tokens) if tma_res else _NO_TENSOR_MAP
         if vnm:
-            prepared(_NO_TENSOR_MAP, _tokens_major(x, in_place), out_map, out, bias, residual)
+            prepared(_NO_TENSOR_MAP, _tokens_major(x, in_place), out_map, res_map, out, bias, residual)
         else:
             x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
-            prepared(x_map, None, out_map, out, bias, residual)
+            prepared(x_map, None, out_map, res_map, out, bias, residual)
         return out
     return run
 

@@ -296,6 +296,10 @@ def test_instances_are_what_each_config_loads():
         for c in K.space(prob)[:3] + wg[:1]:
             assert dict(K.instances(gelu, c)[0].defines)["SPARTUNE_ACT"] == 2
             assert dict(K.instances(prob, c)[0].defines)["SPARTUNE_ACT"] == 0
+        # a residual: wgmma instances of their own (the copy engine loads it), the mma ones the same
+        res = Problem("linear", A.signature, 4096, 4096, 2048, dtype, A.stats(), Epilogue(residual=True), hopper)
+        for c in K.space(prob)[:3] + wg[:1]:
+            assert dict(K.instances(res, c)[0].defines).get("SPARTUNE_RES", 0) == (c.variant == "wgmma")
 
 
 def test_compile_space_without_a_gpu_compiles_nothing():

@@ -26,8 +26,14 @@
 //   GATHER  0: 2:4 (x by TMA), 1 or 2: V:N:M, boxes of gathered x per stage
 //   CLUSTER_M  1, 2 or 4 (2:4): CTAs of a cluster sharing each x box
 //   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance (default 0)
+//   SPARTUNE_RES  1: an instance for calls with a residual (the copy engine loads it where the host
+//                 says tma_res; the others' code stays without it, as the residual path cost the
+//                 plain one's registers: LOG, session 29)
 #ifndef SPARTUNE_ACT
 #define SPARTUNE_ACT 0
+#endif
+#ifndef SPARTUNE_RES
+#define SPARTUNE_RES 0
 #endif
 #include "epilogue.cuh"
 #include "wgmma_sp.cuh"
@@ -67,7 +73,13 @@ constexpr int EPI_BYTES = EPI_TOKENS * TILE_STRIDE * 4;
 constexpr bool PERSISTENT = GATHER == 0;
 constexpr int EPI_OFFSET = PERSISTENT ? PIPE_BYTES : 0;
 constexpr int SMEM_BYTES = (PERSISTENT ? PIPE_BYTES + EPI_BYTES : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES)) +
-                           2 * STAGES * 8 + 1024;  // + barriers, alignment
+                           2 * STAGES * 8 + 16 + 1024;  // + barriers (the stages', the residual boxes'), alignment
+// tma_out: 16-bit boxes (BM / 64 boxes of EPI_TOKENS x 128 B) in the staged output's place; with a
+// residual (SPARTUNE_RES) two buffers, parts alternating: a part's residual boxes land in one while
+// the previous part's finished boxes are stored from the other
+constexpr int BOX_BYTES = BM / 64 * EPI_TOKENS * 128;
+constexpr int BUFFERS = SPARTUNE_RES ? 2 : 1;
+static_assert(BUFFERS * BOX_BYTES <= EPI_BYTES, "the buffers of output boxes fit the staged output's place");
 static_assert(BM == 128 || BM == 256, "BM must be 128 or 256");
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
@@ -130,7 +142,8 @@ __device__ __forceinline__ void gather_stage(unsigned char* dst, const char* bas
 #define SPARTUNE_CLUSTER
 #endif
 extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
-    spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap out_map, int tma_out,
+    spmm_nm_wgmma(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap out_map,
+                  const __grid_constant__ TensorMap res_map, int tma_out, int tma_res,
                   const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap e_map,
                   const unsigned short* __restrict__ xt,
                   const int* __restrict__ col_map, int ldx, int n_alloc, int v_rows, int full_stages,
@@ -145,6 +158,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   unsigned* e_tiles = reinterpret_cast<unsigned*>(b_tiles + STAGES * (BOXES * B_STAGE + A_STAGE));
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
   unsigned long long* empty = full + STAGES;
+  unsigned long long* res_full = empty + STAGES;  // the residual's boxes landed, per buffer
 
   // Tile order: groups of group_m row blocks, each group's tiles row block fastest, so that the
   // CTAs running at once share x boxes and A panels through L2 (the tuner picks group_m). In units
@@ -182,6 +196,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
       spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + each producer thread's cp.async
       spartune::mbar_init(&empty[s], 8 * CLUSTER_M);  // each consumer warp of the cluster frees the stage
     }
+    for (int b = 0; b < 2; ++b) spartune::mbar_init(&res_full[b], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -287,9 +302,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
                         (reinterpret_cast<size_t>(residual) & 15) == 0;
   constexpr int ACT = SPARTUNE_ACT;  // (the act argument is the host's copy)
 
-  // it: stages consumed before this segment (the ring of stages runs on across tiles)
+  // it: stages consumed before this segment (the ring of stages runs on across tiles); parts:
+  // output parts stored so far (tma_out's buffers alternate with them: every tile has an even count)
   __shared__ int last_part;
-  int u, k0, k1;
+  int u, k0, k1, parts = 0;
   for (int q = 0, it = 0; segment(q, u, k0, k1); ++q, it += k1 - k0) {
   int mb, n0;
   tile_of(u, mb, n0);
@@ -388,10 +404,11 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   // epilogue: the accumulators go through shared memory EPI_TOKENS tokens at a time, so that the
   // stores run along m, coalesced. Thread (warp, g, t) holds, per m64 sub-tile and 8-token slice j,
   // rows g and g + 8 of its warp's 16 at tokens 2t and 2t + 1. tma_out (a 16-bit out, contiguous
-  // along m, no residual: the host checks): the finished values go 16-bit into boxes of
-  // 64 rows x EPI_TOKENS tokens (128-byte swizzle) that the tensor copy engine stores while the
-  // consumers go on to the next tile; else fp32 into rows of tokens, stored by the threads
-  // through the generic epilogue.
+  // along m; tma_res: its residual too, the host checks): the finished values go 16-bit into boxes
+  // of 64 rows x EPI_TOKENS tokens (128-byte swizzle) that the tensor copy engine stores while the
+  // consumers go on to the next part and tile, the residual's boxes loaded into the same places a
+  // part ahead by the copy engine and added in place; else fp32 into rows of tokens, stored by the
+  // threads through the generic epilogue.
   float bias_r[WM][2];
   if (tma_out) {
 #pragma unroll
@@ -402,29 +419,51 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         bias_r[i][h] = row < M ? epi.bias_of(row) : 0.f;
       }
   }
+  // (ct 0) part p's residual boxes into buffer p % 2, landing on res_full[p % 2]
+  auto load_residual = [&](int part) {  // (SPARTUNE_RES only)
+    unsigned long long* bar = &res_full[(parts + part) % 2];
+    spartune::mbar_arrive_expect_tx(bar, BOX_BYTES);
+#pragma unroll
+    for (int b = 0; b < BM / 64; ++b)
+      spartune::tma_load_2d(reinterpret_cast<unsigned char*>(staged) + (parts + part) % 2 * BOX_BYTES + b * (EPI_TOKENS * 128),
+                            &res_map, mb * BM + b * 64, n0 + part * EPI_TOKENS, bar);
+  };
 #pragma unroll
   for (int part = 0; part < BN / EPI_TOKENS; ++part) {
-    if (tma_out && ct == 0) spartune::bulk_wait<0, true>();  // the previous part's boxes are read
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the previous part's stores are done
+    if (tma_out && ct == 0) {
+      spartune::bulk_wait<0, true>();  // the previous part's boxes are read (stored)
+      if (SPARTUNE_RES && tma_res) {  // this part's residual (the first part's) and the next one's
+        if (part == 0) load_residual(0);
+        if (part + 1 < BN / EPI_TOKENS) load_residual(part + 1);
+      }
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the buffer is free
     if (tma_out) {
-      unsigned char* boxes = reinterpret_cast<unsigned char*>(staged);  // BM / 64 boxes of EPI_TOKENS x 128 B
+      const int buffer = SPARTUNE_RES ? (parts + part) % 2 : 0;
+      unsigned char* boxes = reinterpret_cast<unsigned char*>(staged) + buffer * BOX_BYTES;
+      if (SPARTUNE_RES && tma_res) spartune::mbar_wait(&res_full[buffer], (parts + part) / 2 & 1);
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
         for (int jj = 0; jj < EPI_TOKENS / 8; ++jj) {
           const int j = part * EPI_TOKENS / 8 + jj;
-          unsigned packed[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            packed[h] = spartune::pack_16bit(spartune::activate(acc[i][4 * j + 2 * h] * scale + bias_r[i][h], ACT),
-                                             spartune::activate(acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h], ACT),
-                                             out_code);
           // lane l < 16 gives the address of stored row (token) 8 jj + l % 8, rows m .. m + 7 of
           // matrix l / 8 (m = this warp's 16 rows, then 8 on)
           const int n = 8 * jj + (lane & 7), m = c * (BM / 2) + i * 64 + warp * 16 + 8 * ((lane >> 3) & 1);
           const int chunk = (m % 64) / 8;
-          spartune::stmatrix_x2_trans(boxes + (m / 64) * (EPI_TOKENS * 128) + n * 128 + ((chunk ^ (n % 8)) << 4),
-                                      packed[0], packed[1]);
+          unsigned char* at = boxes + (m / 64) * (EPI_TOKENS * 128) + n * 128 + ((chunk ^ (n % 8)) << 4);
+          unsigned res[2] = {0u, 0u};
+          if (SPARTUNE_RES && tma_res) spartune::ldmatrix_x2_trans(at, res[0], res[1]);
+          unsigned packed[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float y0 = spartune::activate(acc[i][4 * j + 2 * h] * scale + bias_r[i][h], ACT);
+            float y1 = spartune::activate(acc[i][4 * j + 2 * h + 1] * scale + bias_r[i][h], ACT);
+            if (SPARTUNE_RES && tma_res)
+              y0 += spartune::unpack_16bit(res[h], 0, res_code), y1 += spartune::unpack_16bit(res[h], 1, res_code);
+            packed[h] = spartune::pack_16bit(y0, y1, out_code);
+          }
+          spartune::stmatrix_x2_trans(at, packed[0], packed[1]);
         }
       spartune::fence_proxy_async();  // the tensor copy engine reads what the threads wrote
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -491,6 +530,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
       }
     }
   }  // part
+  parts += BN / EPI_TOKENS;
   }  // unit
   if (tma_out && ct == 0) spartune::bulk_wait<0, false>();  // the last boxes are stored
   // no CTA leaves while a peer may still arrive on its barriers or copy into its stages
