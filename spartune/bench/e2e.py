@@ -139,6 +139,17 @@ def time_ms(fn, device: str, *, target_s: float = 0.15, repeats: int = 5) -> flo
     return statistics.median(samples)
 
 
+def time_in_turns(fns, device: str, *, target_s: float = 0.15, rounds: int = 5) -> list[list[float]]:
+    """ms per call of each of `fns`, measured in turns (round r times each once): a host's slow
+    phases last seconds, so a sparse model timed minutes after its dense baseline can move by
+    ~20% with no change of its own (LOG, sessions 28-29); in turns, each round's ratio holds."""
+    samples = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            samples[i].append(time_ms(fn, device, target_s=target_s, repeats=1))
+    return samples
+
+
 def captured(fn, device: str):
     """fn captured in one CUDA graph (after warm-up calls on a side stream); its replay."""
     side = capture_stream()  # (one per device: a new stream each time costs a cuBLAS workspace)
@@ -220,19 +231,27 @@ def _run_point(dense, call, workload, row, base, device, compile, progress) -> l
         diff = _relative_diff(fn(), eager_out)  # (compiles, captures) before the next call overwrites it
         _sync(device)
         setup_s = time.perf_counter() - t
-        ms = time_ms(fn, device, target_s=0.15 if cuda else 0.01, repeats=5 if cuda else 2)
-        r = {**row, "variant": variant, "ms": ms, "setup_s": setup_s, "diff_vs_eager": diff}
+        target_s = 0.15 if cuda else 0.01
+        r = {**row, "variant": variant, "setup_s": setup_s, "diff_vs_eager": diff}
+        if row["pattern"] == "dense" or variant not in base:
+            r["ms"] = time_ms(fn, device, target_s=target_s, repeats=5 if cuda else 2)
+        else:  # in turns with the dense model's same variant: the speedup is the median round's
+            dense_ms, ms = time_in_turns([base[variant][3], fn], device, target_s=target_s, rounds=5 if cuda else 2)
+            r.update(ms=statistics.median(ms), dense_ms=statistics.median(dense_ms),
+                     speedup=statistics.median(d / m for d, m in zip(dense_ms, ms)))
+        r["_fn"] = fn
         rows.append(r)
     # after every variant's calls were tuned: what the device holds for the weights, the kernels'
     # layouts and the chosen libraries' copies included (the state_dict counts the canonical tensors)
     resident = resident_bytes(model)
     for r in rows:
         r["resident_bytes"] = resident
-        if row["pattern"] == "dense":
-            base[r["variant"]] = (r["ms"], row["weight_bytes"], resident)
-        else:
-            ms, weight, held = base[r["variant"]]
-            r.update(speedup=ms / r["ms"], memory_ratio=row["weight_bytes"] / weight, resident_ratio=resident / held)
+        fn = r.pop("_fn")
+        if row["pattern"] == "dense":  # (its calls kept: the sparse models' variants are timed in turns with them)
+            base[r["variant"]] = (r["ms"], row["weight_bytes"], resident, fn)
+        elif r["variant"] in base:
+            _, weight, held, _ = base[r["variant"]]
+            r.update(memory_ratio=row["weight_bytes"] / weight, resident_ratio=resident / held)
         progress(_line(r))
     return rows
 

@@ -21,11 +21,34 @@ def test_every_workload_runs_tiny(workload):
     assert [(r["pattern"], r["variant"]) for r in rows] == [("dense", "eager"), ("csr", "eager"), ("2:4", "eager")]
     dense, csr, nm = rows
     assert all(r["ms"] > 0 for r in rows)
-    assert csr["speedup"] == pytest.approx(dense["ms"] / csr["ms"])
+    # timed in turns with the dense model: the speedup is the median round's ratio, within the
+    # range of the rounds' medians (both models' times from the same rounds)
+    assert csr["dense_ms"] > 0 and "dense_ms" not in dense and "_fn" not in csr
+    assert all(r["speedup"] > 0 for r in (csr, nm))
     assert csr["sparse_layers"] >= 1 and csr["layers"] >= csr["sparse_layers"]
     assert csr["weight_bytes"] < nm["weight_bytes"] < dense["weight_bytes"]  # 90% CSR < 2:4 < dense
     assert all(r["resident_bytes"] > 0 for r in rows)  # the device's share: kernels' copies included
     assert csr["resident_ratio"] == pytest.approx(csr["resident_bytes"] / dense["resident_bytes"])
+
+
+def test_time_in_turns_alternates_the_models(monkeypatch):
+    """Each round times every model once, in order: a slow phase of the host lands on both."""
+    order = []
+
+    def fake_time_ms(fn, device, **_):
+        order.append(fn.__name__)
+        return {"dense": 2.0, "sparse": 1.0}[fn.__name__] * len(order)
+
+    def dense():
+        pass
+
+    def sparse():
+        pass
+
+    monkeypatch.setattr(e2e, "time_ms", fake_time_ms)
+    d, s_ = e2e.time_in_turns([dense, sparse], "cpu", rounds=3)
+    assert order == ["dense", "sparse"] * 3
+    assert d == [2.0, 6.0, 10.0] and s_ == [2.0, 4.0, 6.0]
 
 
 def test_bad_settings_are_refused_before_any_model_is_built():
