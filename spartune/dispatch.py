@@ -202,7 +202,8 @@ def _bound(A0, family, config, bindings: Bindings | None = None):
             return family.launch(A, x, out, config, bias=bias, activation=activation, residual=residual, scale=scale)
         key = (x.shape, x.stride(), x.dtype, x.data_ptr() % 16, out.shape, out.stride(), out.data_ptr() % 16,
                out.dtype, None if bias is None else (bias.dtype, bias.stride()),
-               None if residual is None else (residual.shape, residual.stride(), residual.dtype),
+               None if residual is None else (residual.shape, residual.stride(), residual.dtype,
+                                              residual.data_ptr() % 16),
                activation, scale)
         version = A.values._version
         if bindings is not None:

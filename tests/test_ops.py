@@ -386,7 +386,8 @@ class BindingFamily:
 
         def run(x, out, bias, residual):
             y = scale * (x.double() @ weight.T)
-            out.copy_(y if bias is None else y + bias)
+            y = y if bias is None else y + bias
+            out.copy_(y if residual is None else y + residual)
             return out
         return run
 
@@ -419,10 +420,17 @@ def test_a_cuda_familys_tuned_call_is_bound_once_per_layout():
     assert len(family.binds) == 5
     call(torch.randn(5, K, generator=g), scale=0.5)
     assert len(family.binds) == 5
+    # a residual's 16-byte alignment is part of its layout (a kernel's copy engine may read it)
+    wide = torch.randn(5, M + 8, generator=g)
+    for res in (wide[:, :M], wide[:, 1:M + 1], wide[:, 4:M + 4]):  # aligned, misaligned, aligned again
+        out = torch.empty(5, M)
+        x = torch.randn(5, K, generator=g)
+        check_close(run(A, x, out, None, None, res, 1.0), ref.linear(x, A, None, None, res, 1.0), torch.float32)
+    assert len(family.binds) == 7
     with torch.no_grad():
         A.values.mul_(2)  # an optimizer step: the layouts bound before are stale
     call(torch.randn(5, K, generator=g), scale=0.5)
-    assert len(family.binds) == 6
+    assert len(family.binds) == 8
     call(torch.randn(5, K, generator=g), weight=make_format("csr"))  # another weight: launched, not bound
     assert family.launches == 1
     ref_A = weakref.ref(A)

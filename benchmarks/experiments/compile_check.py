@@ -20,14 +20,15 @@ cases = [
 ]
 if len(sys.argv) > 1:
     cases = cases[: int(sys.argv[1])]
-for config, gather in cases:
-    inst = K._instance(config, torch.float16, gather, 0)
+cases += [(c, g, True) for c, g in cases if c.variant == "wgmma"]  # the residual's instances
+for config, gather, *res in cases:
+    inst = K._instance(config, torch.float16, gather, 0, bool(res))
     arch = C.device_arch((9, 0), inst.arch_specific)
     opts = program_options(inst, arch)
     opts["include_path"] = [str(SRC_DIR)]
     t = time.time()
     try:
         cubin = C.nvrtc_compile(read_sources(inst.template)[inst.template], opts)
-        print(f"ok {time.time() - t:5.1f}s {len(cubin):7d} B  gather {gather} {config}", flush=True)
+        print(f"ok {time.time() - t:5.1f}s {len(cubin):7d} B  gather {gather} res {bool(res)} {config}", flush=True)
     except Exception as e:  # noqa: BLE001
         print(f"FAILED gather {gather} {config}\n{e}", flush=True)

@@ -7,8 +7,10 @@ chosen by the tuner per problem (`Config.variant`):
   across warps: decode, where the weight's bytes are the floor;
 - "wgmma" (src/spmm_nm_wgmma.cu): Hopper's warpgroup `wgmma.mma_async.sp` (sm_90a) fed by TMA
   through a producer/consumer pipeline of shared-memory stages: prefill, where the math is.
-The weight is packed once per layout, in the order the instructions' lanes hold it
-(cuda/sparse_mma.py; wgmma.sp keeps mma.sp's per-warp layout), and memoised on the format object.
+The weight is packed once (`packed`), in one layout both variants read: 512-byte units of 8 x 8
+core matrices per (16-row tile, 32-wide K step), as wgmma.sp reads A from shared memory and
+ldmatrix gives mma.sp's fragments, the metadata in mma.sp's register order (cuda/sparse_mma.py;
+wgmma.sp keeps mma.sp's per-warp layout), memoised on the format object.
 V:N:M weights (VENOM) are the 2:4 matrix over each V-row block's kept columns plus a map from
 those columns to x's; the "mma" variant gathers x through the map as it stages it, the "wgmma"
 variant reads x^T (K, tokens), where a kept column is a contiguous row of tokens, and its
@@ -260,7 +262,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     mt = math.ceil(problem.m / 16)
     vnm = _vnm(problem.fmt)
     k_kept = problem.k if vnm is None else math.ceil(problem.k / vnm[1]) * 4
-    kt = math.ceil(k_kept / 32)  # K of the 2:4 matrix (V:N:M: its kept columns)
+    kt = _k_steps(k_kept)  # K steps of the 2:4 matrix (V:N:M: its kept columns), as packed
     row_tiles = math.ceil(mt * 16 / (config.bm * config.cluster_m)) * config.cluster_m  # whole clusters
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
@@ -466,7 +468,7 @@ def release_unused(A, configs) -> None:
 def as_2to4(A: VNM):
     """A V:N:M weight with M a multiple of 4 as a 2:4 NM one over all of K (exact: each group of 4
     columns lies in one M-column block, where a row holds 2 nonzeros): the source of its as_24
-    packings."""
+    packing."""
     from ..formats import NM
 
     if not isinstance(A, VNM):
@@ -570,6 +572,10 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
         config = dataclasses.replace(config, stages=2, cluster_m=1)
     if config.cluster_m > 1 and K % 8:  # (its bulk copies move whole 16-byte units of x's rows)
         config = dataclasses.replace(config, cluster_m=1)
+    if config.cluster_m > 1 and config.ksteps * config.warps_k % 4:
+        # (K steps pad to fours: a chunk of another size could then lie wholly past K, where a
+        # cluster's copies would expect no bytes)
+        raise ValueError(f"an mma cluster walks K in chunks of a multiple of 4 K steps, got {config}")
     row_blocks = -(-mt * 16 // (config.bm * config.cluster_m)) * config.cluster_m  # whole clusters
     if row_blocks > MAX_GRID_Y:
         raise ValueError(f"{config}: {row_blocks} row blocks of {config.bm}, past the grid's {MAX_GRID_Y}: a larger bm")
@@ -645,7 +651,8 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
     # copy engine, the residual's loaded by it
     son, som, srn, srm, out_code, _, res_code, _, _ = rest
     tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and
-                  (p_res is NULL or res_code in (0, 1) and srm == 1 and srn % 8 == 0 and p_res.data_ptr() % 16 == 0))
+                  (p_res is NULL or res_code in (0, 1) and srm == 1 and srn % 8 == 0 and (srn >= M or N == 1)
+                   and p_res.data_ptr() % 16 == 0))  # (a residual broadcast over tokens: the threads' path)
     tma_res = int(tma_out and p_res is not NULL)
     args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, tma_res, a_map, e_map, NULL, cols, ldx, n_alloc,
             v_rows, full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)

@@ -1,9 +1,10 @@
 """x (N, K) -> x^T (K, n_pad), tokens contiguous and padded with zeros: the layout in which a
 V:N:M weight's kept columns are whole rows (spmm_nm's wgmma gather). torch's strided copy reads
 one side uncoalesced (~0.3 TB/s measured at Llama sizes); square tiles read and write whole
-lines on both sides (~2-2.7 TB/s). A decode-sized x goes through torch's copy instead: its launch costs
-a few us of host time where the Triton launch cost ~40 (64:2:8 at N = 8 ran eager calls at 2x dense's
-wall time for it: LOG, session 29), and its GPU time there is a few us either way."""
+lines on both sides (~2-2.7 TB/s). A decode-sized x goes through torch's copy instead (one launch,
+two where N is not a multiple of 8 and the padding is zeroed first): a few us of host time where
+the Triton launch cost ~40 (64:2:8 at N = 8 ran eager calls at 2x dense's wall time for it: LOG,
+session 29), and its GPU time there is a few us either way."""
 from __future__ import annotations
 
 import torch

@@ -471,6 +471,34 @@ def test_vnm_wgmma_odd_shapes_strides_and_epilogue(dtype, M, Kd, N):
     helpers.check_strided_operands(run, A, w, configs, N, dtype)
 
 
+@pytest.mark.parametrize("pattern", ["64:2:8", "128:2:8"])
+def test_wgmma_residual_by_the_copy_engine_repeats_exactly(pattern):
+    """A 16-bit residual loaded by the copy engine into the output boxes a part ahead: V:N:M's
+    tiles stage their output where the ring's first stages were (both consumers must be done with
+    them first), 2:4's persistent CTAs alternate two buffers across parts and tiles. Long K, many
+    tiles, each config run five times: every run equal to the first and to the reference; the
+    residual as out itself (in place), and broadcast over tokens (the threads' path)."""
+    torch.manual_seed(3)
+    M, Kd, N = 1024, 4096, 640
+    A = random_vnm(M, Kd, int(pattern.split(":")[0]), 8, torch.float16, 31)
+    w = A.to_dense()
+    x = torch.randn(N, Kd, device="cuda", dtype=torch.float16)
+    res = torch.randn(N, M, device="cuda", dtype=torch.float16)
+    expect = reference(x, w, residual=res)
+    configs = configs_of(A, N, "wgmma")
+    for cfg in {configs[0], configs[-1], *[c for c in configs if c.as_24][:1]}:
+        first = run(A, x, cfg, residual=res)
+        assert not first.isnan().any() and rel(first, expect) <= TOL, cfg
+        for _ in range(4):
+            assert torch.equal(run(A, x, cfg, residual=res), first), cfg
+        inplace = res.clone()
+        K.launch(A, x, inplace, cfg, residual=inplace)
+        assert torch.equal(inplace, first), cfg
+        row = torch.randn(M, device="cuda", dtype=torch.float16)
+        out = run(A, x, cfg, residual=row.expand(N, M))
+        assert rel(out, reference(x, w, residual=row.expand(N, M))) <= TOL, cfg
+
+
 def test_vnm_wgmma_graph_capture_and_tuned_linear():
     A = random_vnm(1024, 2048, 64, 8, torch.float16, 9)
     w = A.to_dense()

@@ -11,8 +11,7 @@
 // variant reads too, kernels/spmm_nm.py: per 16-row tile and K step 512 bytes of 8 x 8 core
 // matrices, four 4-byte loads per lane, and a metadata word); the next chunk's A fragments and x
 // tile are loaded into registers while this chunk multiplies. With PIPE >= 3 (2:4, x rows 16-byte
-// aligned) they
-// move by cp.async instead, into a ring of PIPE shared-memory stages PIPE - 1 chunks ahead, so
+// aligned) they move by cp.async instead, into a ring of PIPE shared-memory stages PIPE - 1 chunks ahead, so
 // more of the weight is in flight per warp without registers to hold it (decode's limit); a
 // unit lands whole (16 bytes a lane) and ldmatrix reads the fragment from it.
 // V:N:M takes the ring too (GATHER 2): x is then read as x^T (K rows, tokens contiguous), where a

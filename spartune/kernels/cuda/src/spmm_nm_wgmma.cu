@@ -27,8 +27,9 @@
 //   CLUSTER_M  1, 2 or 4 (2:4): CTAs of a cluster sharing each x box
 //   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance (default 0)
 //   SPARTUNE_RES  1: an instance for calls with a residual (the copy engine loads it where the host
-//                 says tma_res; the others' code stays without it, as the residual path cost the
-//                 plain one's registers: LOG, session 29)
+//                 says tma_res; a residual it cannot load, fp32 or misaligned, takes the threads' path
+//                 in the same instance); plain calls' instances stay without this code, which cost
+//                 their registers (LOG, session 29)
 #ifndef SPARTUNE_ACT
 #define SPARTUNE_ACT 0
 #endif
@@ -156,7 +157,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   unsigned char* b_tiles = smem;                                            // swizzled x boxes, 1024-aligned
   uint4* a_tiles = reinterpret_cast<uint4*>(b_tiles + STAGES * BOXES * B_STAGE);
   unsigned* e_tiles = reinterpret_cast<unsigned*>(b_tiles + STAGES * (BOXES * B_STAGE + A_STAGE));
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8));
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + (SMEM_BYTES - 1024 - 2 * STAGES * 8 - 16));
   unsigned long long* empty = full + STAGES;
   unsigned long long* res_full = empty + STAGES;  // the residual's boxes landed, per buffer
 
@@ -303,7 +304,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   constexpr int ACT = SPARTUNE_ACT;  // (the act argument is the host's copy)
 
   // it: stages consumed before this segment (the ring of stages runs on across tiles); parts:
-  // output parts stored so far (tma_out's buffers alternate with them: every tile has an even count)
+  // output parts stored so far (a residual's two buffers alternate with them)
   __shared__ int last_part;
   int u, k0, k1, parts = 0;
   for (int q = 0, it = 0; segment(q, u, k0, k1); ++q, it += k1 - k0) {
@@ -419,7 +420,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
         bias_r[i][h] = row < M ? epi.bias_of(row) : 0.f;
       }
   }
-  // (ct 0) part p's residual boxes into buffer p % 2, landing on res_full[p % 2]
+  // (ct 0) this tile's part p's residual boxes into buffer (parts + p) % 2, landing on its res_full
   auto load_residual = [&](int part) {  // (SPARTUNE_RES only)
     unsigned long long* bar = &res_full[(parts + part) % 2];
     spartune::mbar_arrive_expect_tx(bar, BOX_BYTES);
@@ -428,6 +429,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
       spartune::tma_load_2d(reinterpret_cast<unsigned char*>(staged) + (parts + part) % 2 * BOX_BYTES + b * (EPI_TOKENS * 128),
                             &res_map, mb * BM + b * 64, n0 + part * EPI_TOKENS, bar);
   };
+  // V:N:M's output parts share the ring's first stages: both consumers are done with their x
+  // boxes before the first residual boxes land there (2:4's persistent CTAs stage apart)
+  if constexpr (!PERSISTENT && SPARTUNE_RES)
+    if (tma_out && tma_res) asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #pragma unroll
   for (int part = 0; part < BN / EPI_TOKENS; ++part) {
     if (tma_out && ct == 0) {

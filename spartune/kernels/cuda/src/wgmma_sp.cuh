@@ -105,9 +105,6 @@ __device__ __forceinline__ void bulk_wait() {
   if constexpr (READ) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
   else asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Two 8 x 8 16-bit matrices from the warp's registers (thread i: row i / 4, columns 2 (i % 4) and
-// + 1; a and b) into shared memory transposed: lanes 0-7 give the addresses of a's 8 stored rows
-// (= its columns), lanes 8-15 b's.
 // What stmatrix_x2_trans at the same row addresses stores, read back (a residual landed there).
 __device__ __forceinline__ void ldmatrix_x2_trans(const void* row, unsigned& a, unsigned& b) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
@@ -115,6 +112,9 @@ __device__ __forceinline__ void ldmatrix_x2_trans(const void* row, unsigned& a, 
                : "r"(smem_addr(row))
                : "memory");
 }
+// Two 8 x 8 16-bit matrices from the warp's registers (thread i: row i / 4, columns 2 (i % 4) and
+// + 1; a and b) into shared memory transposed: lanes 0-7 give the addresses of a's 8 stored rows
+// (= its columns), lanes 8-15 b's.
 __device__ __forceinline__ void stmatrix_x2_trans(const void* row, unsigned a, unsigned b) {
   asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(smem_addr(row)), "r"(a), "r"(b)
                : "memory");
