@@ -1,5 +1,11 @@
-"""Compile spmm_nm's kernels with NVRTC on the CPU machine (no GPU): a syntax and ptxas check before
-device time is spent. LD_LIBRARY_PATH=/tmp/nvpkgs/nvidia/cu13/lib PYTHONPATH=/tmp/nvpkgs:$PWD."""
+"""Compile spmm_nm's kernels (a case per path: register and ring mma, clusters, V:N:M gathers, wgmma
+2:4 and V:N:M, residual instances) with NVRTC on a machine without a GPU: a syntax and ptxas check
+before device time is spent. NVRTC and the CUDA headers come from NVIDIA's wheels, e.g.
+    pip download --no-deps -d /tmp/wheels nvidia-cuda-nvrtc==13.0.* nvidia-cuda-runtime==13.0.* \
+        nvidia-cuda-cccl==13.0.85
+    pip install --no-deps --target /tmp/nvpkgs /tmp/wheels/*.whl
+    LD_LIBRARY_PATH=/tmp/nvpkgs/nvidia/cu13/lib PYTHONPATH=/tmp/nvpkgs:$PWD python scripts/compile_check.py [N]
+(N: only the first N cases)."""
 import sys
 import time
 
