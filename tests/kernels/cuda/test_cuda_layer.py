@@ -460,3 +460,16 @@ def test_prepared_launch_packs_once_and_fills_its_slots(monkeypatch):
     with pytest.raises(ValueError, match="cuda:0"):  # tensors are checked once, when prepared
         kernel.device_index = 0
         kernel.prepare(1, 1, a, 9, slots=(0,))
+
+
+def test_tensor_map_3d_refuses_what_the_copy_engine_cannot_read():
+    """A 3-D descriptor (the wgmma producer's boxes of the packed weight) needs the last dimension
+    contiguous and 16-byte strides: anything else is refused before the driver is asked."""
+    from spartune.kernels.cuda import runtime as R
+
+    for t in (torch.zeros(4, 4, dtype=torch.float16),  # not 3-D
+              torch.zeros(2, 3, 8, dtype=torch.float64),  # a dtype it does not take
+              torch.zeros(2, 8, 3, dtype=torch.float16).transpose(1, 2),  # last dimension strided
+              torch.zeros(2, 3, 4, dtype=torch.float16)):  # 8-byte rows
+        with pytest.raises(ValueError, match="tensor_map_3d needs"):
+            R.tensor_map_3d(t, (4, 1, 1))
