@@ -56,6 +56,17 @@ def _activations():
 ACTS = _activations()  # the fused epilogue's activations, by name
 
 
+def mma_registers(units: torch.Tensor) -> torch.Tensor:
+    """What the mma kernel loads of the packing's 512-byte units (..., 256 halves, 8 x 8 core
+    matrices): lane (g, t)'s four words at row g's 16 bytes of the 256-byte row halves and the
+    128-byte core matrices (spmm_nm.cu; ldmatrix's four matrices give the same) -> (..., 32, 8),
+    mma.sp's register order."""
+    lane = torch.arange(32)
+    word = (lane // 4) * 4 + lane % 4
+    halves = torch.stack([2 * (word + off) + e for off in (0, 64, 32, 96) for e in (0, 1)], dim=1)  # (32, 8)
+    return units[..., halves.flatten()].reshape(*units.shape[:-1], 32, 8)
+
+
 def linear_reference(x, w, bias=None, activation=None, residual=None, scale=1.0):
     """act(scale * x @ w^T + bias) + residual in float64: what every linear-layout kernel computes."""
     y = scale * (x.double() @ w.double().T)

@@ -406,7 +406,7 @@ def _column_map(A: VNM) -> torch.Tensor:
 
 
 def _pack(A, cols: int):
-    from .cuda.sparse_mma import pack_compressed
+    from .cuda.sparse_mma import pack_core_matrices
 
     rows = A.values.shape[0]
     mt, kt = math.ceil(rows / 16), _k_steps(cols)
@@ -417,9 +417,8 @@ def _pack(A, cols: int):
     fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
     idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
     idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)
-    v, meta = pack_compressed(values, idx)  # (tiles, K steps, lane (g, t), register (col half, row half), pair)
-    v = v.reshape(mt, kt, 8, 4, 2, 2, 2).permute(0, 1, 5, 4, 2, 3, 6).reshape(mt, kt, 2, 2, 8, 8)
-    return v.contiguous(), meta[..., _META_LANES].contiguous(), mt, kt
+    v, meta = pack_core_matrices(values, idx)
+    return v, meta[..., _META_LANES].contiguous(), mt, kt
 
 
 def a_maps(values: torch.Tensor, meta: torch.Tensor, bm: int) -> tuple[bytes, bytes]:

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import random_2to4
+from helpers import mma_registers, random_2to4
 
 import spartune as st
 from spartune.kernels import registry
@@ -13,16 +13,12 @@ from spartune.kernels.cuda import emulate as E
 from spartune.tune.problem import Epilogue, Problem
 
 
-def mma_registers(values, meta):
-    """The mma kernel's reads of the packing (spmm_nm.cu: a lane's four words at its row g's 16
-    bytes of the unit's 256-byte row halves and 128-byte core matrices, the same as ldmatrix's four
-    matrices give) -> register order (tiles, K steps, 32, 8) and the metadata each lane reads."""
+def registers_of(values, meta):
+    """The packing as the mma kernel reads it: register order (tiles, K steps, 32, 8) and the
+    metadata word each lane reads."""
     mt, kt = values.shape[:2]
-    units = values.reshape(mt, kt, 256)
     lane = torch.arange(32)
-    word = (lane // 4) * 4 + lane % 4
-    halves = torch.stack([2 * (word + off) + e for off in (0, 64, 32, 96) for e in (0, 1)], dim=1)  # (32, 8)
-    return units[..., halves.flatten()].reshape(mt, kt, 32, 8), meta[..., 2 * (lane // 4) + lane % 2]
+    return mma_registers(values.reshape(mt, kt, 256)), meta[..., 2 * (lane // 4) + lane % 2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -34,7 +30,7 @@ def test_packing_round_trips_through_the_emulation(dtype, rows, cols):
     values, meta, mt, kt = K.packed(A)
     assert values.shape == (mt, kt, 2, 2, 8, 8) and meta.shape == (mt, kt, 16)
     assert meta.dtype == torch.int32 and mt == -(-rows // 16) and kt % 4 == 0 and kt * 32 >= cols > (kt - 4) * 32
-    regs, lane_meta = mma_registers(values, meta)
+    regs, lane_meta = registers_of(values, meta)
     dense = E.decode_matrix(regs, lane_meta)
     assert torch.equal(dense[:rows, :cols], w.double())
     assert not dense[rows:].any() and not dense[:, cols:].any()
@@ -165,7 +161,7 @@ def test_vnm_packing_and_column_map_rebuild_the_weight(v, m, rows, cols):
     cmap = K.column_map(A)
     assert cmap.shape == (A.row_blocks, kt * 32) and cmap.dtype == torch.int32
     assert cmap.max() < cols and cmap.min() >= -1
-    gathered = E.decode_matrix(*mma_registers(values, meta))[: mt * 16]  # (mt*16, kt*32)
+    gathered = E.decode_matrix(*registers_of(values, meta))[: mt * 16]  # (mt*16, kt*32)
     dense = torch.zeros(mt * 16, cols + 1, dtype=torch.float64)
     col = cmap.long().repeat_interleave(v, 0)[: mt * 16]
     dense.scatter_add_(1, torch.where(col < 0, cols, col), gathered)  # -1 lands in a spare column

@@ -32,6 +32,23 @@ def pack_compressed(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tens
     """(M, K/2) kept values and their positions (0..3 inside each group of 4 columns, two per
     group, increasing) -> (M/16, K/32, 32, 8) values in register order and (M/16, K/32, 32)
     int32 metadata words. M must be a multiple of 16 and K of 32 (the caller pads)."""
+    pairs, mt, kt = _checked(values, idx)
+    # values: (mt, row half, g, kt, col half, t, pair) -> (mt, kt, g, t, col half, row half, pair)
+    v = values.reshape(mt, 2, 8, kt, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6)
+    return v.reshape(mt, kt, LANES, HALVES_PER_LANE).contiguous(), _metadata(pairs, mt, kt)
+
+
+def pack_core_matrices(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `pack_compressed`, but each (16-row tile, K step)'s 16 x 16 kept values as 8 x 8 core
+    matrices, (M/16, K/32, row half, column half, row, 8 values): how wgmma.sp reads A from shared
+    memory and ldmatrix hands mma.sp its fragment (kernels/spmm_nm.py's one packing)."""
+    pairs, mt, kt = _checked(values, idx)
+    v = values.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5)
+    return v.contiguous(), _metadata(pairs, mt, kt)
+
+
+def _checked(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """The positions as (M, K/4, 2) pairs, and the tiles (M/16, K/32), once the operands are valid."""
     if values.dim() != 2 or values.shape != idx.shape:
         raise ValueError(f"values and idx must be 2-D of one shape, "
                          f"got {tuple(values.shape)} and {tuple(idx.shape)}")
@@ -45,21 +62,19 @@ def pack_compressed(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tens
     pairs = pos.reshape(rows, kept // 2, 2)
     if pairs.numel() and bool((pairs[..., 1] <= pairs[..., 0]).any()):
         raise ValueError("idx must be strictly increasing within each group (two distinct positions)")
-    mt, kt = rows // TILE_M, kept // (TILE_K // 2)
+    return pairs, rows // TILE_M, kept // (TILE_K // 2)
 
-    # values: (mt, row half, g, kt, col half, t, pair) -> (mt, kt, g, t, col half, row half, pair)
-    v = values.reshape(mt, 2, 8, kt, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6)
-    reg_values = v.reshape(mt, kt, LANES, HALVES_PER_LANE).contiguous()
 
-    # metadata: one nibble per group, (mt, row half, g, kt, h, q) -> word (mt, kt, g, h)
+def _metadata(pairs: torch.Tensor, mt: int, kt: int) -> torch.Tensor:
+    """(M, K/4, 2) positions -> (M/16, K/32, 32) int32 words in mma.sp's register order."""
+    # one nibble per group, (mt, row half, g, kt, h, q) -> word (mt, kt, g, h)
     nibble = pairs[..., 0] | (pairs[..., 1] << 2)  # (rows, K/4)
     n = nibble.reshape(mt, 2, 8, kt, 2, 4).permute(0, 3, 2, 4, 1, 5)  # (mt, kt, g, h, row half, q)
     shift = 16 * torch.arange(2).view(2, 1) + 4 * torch.arange(4).view(1, 4)
     word = (n << shift.to(n.device)).sum(dim=(-2, -1))  # (mt, kt, g, h), fits in 32 bits
     word = torch.cat([word, word], dim=-1)  # lanes t = 2, 3 repeat t = 0, 1
     word = torch.where(word >= 2**31, word - 2**32, word)  # as int32 bit patterns
-    meta = word.reshape(mt, kt, LANES).to(torch.int32).contiguous()
-    return reg_values, meta
+    return word.reshape(mt, kt, LANES).to(torch.int32).contiguous()
 
 
 def compress(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

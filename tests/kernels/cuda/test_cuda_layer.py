@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 import torch
+from helpers import mma_registers
 
 from spartune.kernels import cuda as C
 from spartune.kernels.cuda import cache as CA
@@ -473,3 +474,15 @@ def test_tensor_map_3d_refuses_what_the_copy_engine_cannot_read():
               torch.zeros(2, 3, 4, dtype=torch.float16)):  # 8-byte rows
         with pytest.raises(ValueError, match="tensor_map_3d needs"):
             R.tensor_map_3d(t, (4, 1, 1))
+
+
+def test_core_matrix_packing_holds_the_register_packings_values():
+    """The two packers agree: lane (g, t)'s registers are rows g, g + 8 x columns 2t, 8 + 2t of the
+    core matrices (the words the mma kernel loads), and the metadata is the same."""
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(48, 96, generator=g) * torch.tensor([1.0, 0, 1, 0]).repeat(24)).half()
+    values, idx = S.compress(w)
+    regs, meta = S.pack_compressed(values, idx)
+    cores, meta_cores = S.pack_core_matrices(values, idx)
+    assert cores.shape == (3, 3, 2, 2, 8, 8) and torch.equal(meta, meta_cores)
+    assert torch.equal(mma_registers(cores.reshape(3, 3, 256)), regs)
