@@ -646,12 +646,11 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         # must not allocate)
         ws = scratch(_WORKSPACE, x.device, torch.float32, sms * 128 * 256)
         counters = arrival_counters(x.device, sms)
-    # a 16-bit out contiguous along M (and a residual so, if any): its tiles stored by the tensor
-    # copy engine, the residual's loaded by it
+    # a 16-bit out in rows of tokens along M (and a residual so, if any): its tiles stored by the
+    # tensor copy engine, the residual's loaded by it
     son, som, srn, srm, out_code, _, res_code, _, _ = rest
-    tma_out = int(out_code in (0, 1) and som == 1 and son % 8 == 0 and out.data_ptr() % 16 == 0 and
-                  (p_res is NULL or res_code in (0, 1) and srm == 1 and srn % 8 == 0 and (srn >= M or N == 1)
-                   and p_res.data_ptr() % 16 == 0))  # (a residual broadcast over tokens: the threads' path)
+    tma_out = int(_copy_engine_rows(out, out_code, son, som, M, N) and
+                  (p_res is NULL or _copy_engine_rows(p_res, res_code, srn, srm, M, N)))
     tma_res = int(tma_out and p_res is not NULL)
     args = (_NO_TENSOR_MAP, _NO_TENSOR_MAP, _NO_TENSOR_MAP, tma_out, tma_res, a_map, e_map, NULL, cols, ldx, n_alloc,
             v_rows, full_stages, out, p_bias, p_res, M, N, stages_k, row_blocks, config.group_m, ws, counters, *rest)
@@ -670,6 +669,13 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
             prepared(x_map, None, out_map, res_map, out, bias, residual)
         return out
     return run
+
+
+def _copy_engine_rows(t: torch.Tensor, code: int, s_tokens: int, s_m: int, M: int, N: int) -> bool:
+    """Whether the wgmma epilogue's boxes (64 rows of M x tokens) map onto t by TMA: 16-bit,
+    contiguous along M, rows of tokens 16-byte aligned and apart (one row each: a residual
+    broadcast over tokens takes the threads' path)."""
+    return code in (0, 1) and s_m == 1 and s_tokens % 8 == 0 and (s_tokens >= M or N == 1) and t.data_ptr() % 16 == 0
 
 
 _WORKSPACE: dict = {}  # (device, dtype) -> the split tail's partial sums

@@ -348,60 +348,52 @@ def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
     return desc
 
 
+# the tensor copy engine's element types that the kernels read (CUtensorMapDataType's names)
+_TMA_DTYPES = {torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16", torch.int32: "INT32"}
+
+
 def tensor_map_3d(t: torch.Tensor, box: tuple[int, int, int]) -> bytes:
     """The TMA descriptor of a 3-D tensor t (d0, d1, d2), d2 contiguous, read in boxes of
     box = (along d2, d0, d1) elements, no swizzle, zeros out of bounds: the box lands in shared
     memory d2 fastest, then d0, then d1 (a (tile, K step, unit) packing read as (K step, tile))."""
-    from cuda.bindings import driver
-
-    kinds = {torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-             torch.int32: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_INT32}
     size = t.element_size()
     strides = [t.stride(0) * size, t.stride(1) * size]
-    if t.dim() != 3 or t.dtype not in kinds or t.stride(2) != 1 or t.data_ptr() % 16 or any(s % 16 for s in strides):
+    if t.dim() != 3 or t.dtype not in _TMA_DTYPES or t.stride(2) != 1 or t.data_ptr() % 16 \
+            or any(s % 16 for s in strides):
         raise ValueError("tensor_map_3d needs a 3-D fp16/bf16/int32 tensor, its last dimension contiguous, "
                          "16-byte aligned strides")
     d0, d1, d2 = t.shape
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-
-    def encode():
-        return driver.cuTensorMapEncodeTiled(
-            kinds[t.dtype], 3, t.data_ptr(), [u64(d2), u64(d0), u64(d1)], [u64(s) for s in strides],
-            [u32(b) for b in box], [u32(1)] * 3, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-
-    return _encoded(encode, t.device.index)
-
-
-def _encoded(encode, device_index: int) -> bytes:
-    err, tmap = encode()
-    if int(err) == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(device_index):
-        err, tmap = encode()  # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
-    _check(err, "cuTensorMapEncodeTiled")
-    return ctypes.string_at(tmap.getPtr(), 128)
+    return _encode_tiled(t, [d2, d0, d1], strides, box, swizzle_128=False)
 
 
 def _encode_tensor_map(t: torch.Tensor, rows: int, cols: int, pitch: int, box_cols: int, box_rows: int) -> bytes:
+    if t.dtype not in (torch.float16, torch.bfloat16) or t.stride(1) != 1 or pitch % 16 or t.data_ptr() % 16:
+        raise ValueError("tensor_map_2d needs an fp16/bf16 tensor with unit column stride, 16-byte aligned rows")
+    return _encode_tiled(t, [cols, rows], [pitch], (box_cols, box_rows), swizzle_128=True)
+
+
+def _encode_tiled(t: torch.Tensor, dims: list[int], strides: list[int], box, swizzle_128: bool) -> bytes:
+    """cuTensorMapEncodeTiled of t (dims innermost first, byte strides of the outer ones), zeros
+    out of bounds; bound to torch's primary context where a new thread's first call needs it."""
     from cuda.bindings import driver
 
-    kinds = {torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
-    if t.dtype not in kinds or t.stride(1) != 1 or pitch % 16 or t.data_ptr() % 16:
-        raise ValueError("tensor_map_2d needs an fp16/bf16 tensor with unit column stride, 16-byte aligned rows")
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    kind = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMA_DTYPES[t.dtype]}")
+    swizzle = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle_128 else \
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
 
     def encode():
         return driver.cuTensorMapEncodeTiled(
-            kinds[t.dtype], 2, t.data_ptr(), [u64(cols), u64(rows)], [u64(pitch)], [u32(box_cols), u32(box_rows)],
-            [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            kind, len(dims), t.data_ptr(), [u64(d) for d in dims], [u64(s) for s in strides], [u32(b) for b in box],
+            [u32(1)] * len(dims), driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
 
-    return _encoded(encode, t.device.index)
+    err, tmap = encode()
+    if int(err) == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(t.device.index):
+        err, tmap = encode()  # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
+    _check(err, "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tmap.getPtr(), 128)
 
 
 def _check(err, what: str) -> None:
