@@ -186,6 +186,85 @@ class NM(SparseFormat):
         return stats_from_counts(rows, cols, nnz, 1, 1, torch.full((rows,), nnz / max(rows, 1)))
 
 
+def tile_steps(cols: int) -> int:
+    """K steps (32 dense columns each) of PackedNM's tiles for K = cols: whole fours (the wgmma
+    variant's stages take two steps, its pipeline an even number of stages)."""
+    return ceil_div(cols, 128) * 4
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PackedNM(NM):
+    """A 2:4 weight whose values are stored in the order the sparse tensor cores read them, so
+    that the kernels read the values themselves instead of a packed copy beside them: a 2:4 NM
+    weight run by spmm_nm holds its kept values twice (the canonical rows and the kernels'
+    packing, 1.12x of dense in a Llama layer: benchmarks/LOG.md, session 29), a PackedNM once
+    (~0.56x plus the kernels' 2-bit metadata).
+
+    `values` is (tiles * K steps, 256): per (16-row tile, 32-column K step), in that order, the
+    tile's 16 x 16 kept values as four 8 x 8 core matrices (row half, column half, row, value),
+    rows padded to 16 and K steps to `tile_steps(K)` with zeros. `idx` holds the positions as
+    NM's do (row-major, packed). Everything else (to_dense, gradients, state_dict) works as for
+    NM; `from_nm` / `to_nm` convert."""
+
+    shape: tuple[int, int]
+    n: int
+    m: int
+    values: torch.Tensor  # (tiles * k_steps, 256)
+    idx: torch.Tensor  # uint8 (rows, groups * n / 4): the positions, packed as NM's
+
+    @classmethod
+    def from_nm(cls, A: NM) -> "PackedNM":
+        if type(A) is not NM or (A.n, A.m) != (2, 4):
+            raise ValueError(f"PackedNM holds 2:4 NM weights, got {type(A).__name__} {getattr(A, 'signature', '')}")
+        rows, kept = A.values.shape
+        mt, kt = ceil_div(rows, 16), tile_steps(A.shape[1])
+        v = F.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
+        units = v.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5).reshape(mt * kt, 256)
+        return cls(shape=A.shape, n=2, m=4, values=units.contiguous(), idx=A.idx)
+
+    @classmethod
+    def from_dense(cls, w: torch.Tensor, n: int = 2, m: int = 4) -> "PackedNM":
+        return cls.from_nm(NM.from_dense(w, n, m))
+
+    def to_nm(self) -> NM:
+        return NM(shape=self.shape, n=2, m=4, values=self._rows(self.values), idx=self.idx)
+
+    @property
+    def tiles(self) -> int:
+        return ceil_div(self.shape[0], 16)
+
+    @property
+    def k_steps(self) -> int:
+        return tile_steps(self.shape[1])
+
+    def _all_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Values in this layout -> (tiles * 16, k_steps * 16) rows, padding included."""
+        mt, kt = self.tiles, self.k_steps
+        return values.reshape(mt, kt, 2, 2, 8, 8).permute(0, 2, 4, 1, 3, 5).reshape(mt * 16, kt * 16)
+
+    def _rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Values in this layout -> NM's (rows, groups * n)."""
+        return self._all_rows(values)[:self.shape[0], :self.groups * self.n].contiguous()
+
+    def _validate(self) -> None:
+        if (self.n, self.m) != (2, 4):
+            raise ValueError(f"PackedNM holds 2:4 weights, got {self.n}:{self.m}")
+        shape = (self.tiles * self.k_steps, 256)
+        check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=shape)
+        rows, cols = self.shape
+        kept = self.groups * self.n
+        positions = _check_codes("idx", self.idx, rows, kept, position_bits(self.m), self.values.device)
+        _check_positions("idx", positions, self.m, self.n)
+        full = self._all_rows(self.values)
+        if bool(full[rows:].ne(0).any() or full[:, kept:].ne(0).any()):
+            raise ValueError("values stored in the tile padding (past the matrix) must be zero")
+        if self.groups * self.m != cols and bool(self._columns().ge(cols).logical_and(full[:rows, :kept] != 0).any()):
+            raise ValueError("values stored in the column padding (beyond K) must be zero")
+
+    def _scatter(self, values: torch.Tensor) -> torch.Tensor:
+        return NM._scatter(self, self._rows(values))
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class VNM(SparseFormat):
     """V:N:M (VENOM): every block of V rows x M columns keeps the same 4 columns for all its

@@ -33,7 +33,8 @@ from ._common import arrival_counters, scratch
 from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
-from ..formats import VNM, memo
+from ..formats import VNM, PackedNM, memo
+from ..formats.nm import tile_steps
 from ..tune.device import spec_of
 from ..tune.problem import KernelFeatures, Problem
 
@@ -372,6 +373,9 @@ def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     both variants: a weight run at decode and prefill holds its packing once (LOG, session 29)."""
     if isinstance(A, VNM):
         return memo(A, _PACKED_KEY, lambda: _pack(A, A.col_blocks * 4))
+    if isinstance(A, PackedNM):  # the format's own values, in this order already: only the metadata beside them
+        mt, kt = A.tiles, A.k_steps
+        return A.values.view(mt, kt, 2, 2, 8, 8), memo(A, _META_KEY, lambda: _metadata(A), of_values=False), mt, kt
     if (A.n, A.m) != (2, 4):
         raise ValueError(f"spmm_nm runs 2:4 and V:N:M weights, got {A.n}:{A.m}")
     return memo(A, _PACKED_KEY, lambda: _pack(A, A.shape[1]))
@@ -382,7 +386,7 @@ def packed_as_24(A: VNM) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return memo(A, _AS_24_KEY, lambda: packed(as_2to4(A)))
 
 
-_PACKED_KEY, _AS_24_KEY = "_nm_packed", "_nm_as24_packed"
+_PACKED_KEY, _AS_24_KEY, _META_KEY = "_nm_packed", "_nm_as24_packed", "_nm_packed_meta"
 
 
 def column_map(A: VNM) -> torch.Tensor:
@@ -394,7 +398,7 @@ def column_map(A: VNM) -> torch.Tensor:
 
 def _k_steps(kept: int) -> int:
     """`packed`'s K steps for `kept` columns of the 2:4 matrix: 32 wide, in fours (wgmma's stage pairs)."""
-    return math.ceil(kept / 128) * 4
+    return tile_steps(kept)
 
 
 def _column_map(A: VNM) -> torch.Tensor:
@@ -408,17 +412,31 @@ def _column_map(A: VNM) -> torch.Tensor:
 def _pack(A, cols: int):
     from .cuda.sparse_mma import pack_core_matrices
 
-    rows = A.values.shape[0]
-    mt, kt = math.ceil(rows / 16), _k_steps(cols)
-    kept = A.values.shape[1]
-    pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
-    values = torch.nn.functional.pad(A.values, (0, pad_k, 0, pad_r))
+    idx, mt, kt = _padded_positions(A, cols)
+    rows, kept = A.values.shape
+    values = torch.nn.functional.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
+    v, meta = pack_core_matrices(values, idx)
+    return v, meta[..., _META_LANES].contiguous(), mt, kt
+
+
+def _metadata(A: PackedNM) -> torch.Tensor:
+    """`packed`'s metadata words of a PackedNM (its pattern alone)."""
+    from .cuda.sparse_mma import metadata_words
+
+    idx, _, _ = _padded_positions(A, A.shape[1])
+    return metadata_words(idx)[..., _META_LANES].contiguous()
+
+
+def _padded_positions(A, cols: int) -> tuple[torch.Tensor, int, int]:
+    """(A's positions padded to whole tiles and `_k_steps(cols)` K steps with (0, 1) pairs, tiles, K steps)."""
     idx = A.positions.to(torch.int64)
+    rows, kept = idx.shape
+    mt, kt = math.ceil(rows / 16), _k_steps(cols)
+    pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
     fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
     idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)
     idx = torch.cat([idx, torch.tensor([0, 1], device=idx.device).repeat(kt * 8).expand(pad_r, -1)], dim=0)
-    v, meta = pack_core_matrices(values, idx)
-    return v, meta[..., _META_LANES].contiguous(), mt, kt
+    return idx, mt, kt
 
 
 def a_maps(values: torch.Tensor, meta: torch.Tensor, bm: int) -> tuple[bytes, bytes]:
@@ -456,7 +474,7 @@ def release_unused(A, configs) -> None:
         if c.as_24:
             keep.add(_AS_24_KEY)
             continue
-        keep.add(_PACKED_KEY)
+        keep |= {_PACKED_KEY, _META_KEY}
         if isinstance(A, VNM):  # the gathers' column maps
             keep |= {"_nm_column_map"} if c.variant != "wgmma" else \
                 {k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")}

@@ -3,8 +3,8 @@ in the spirit of torchao's sparsity API."""
 from .attention import SparseMultiheadAttention, disable_fused_fast_paths
 from .conv import SparseConv2d
 from .linear import SparseLinear
-from .memory import resident_bytes
+from .memory import pack_weights, resident_bytes
 from .sparsify import LayerReport, sparsify
 
 __all__ = ["SparseLinear", "SparseConv2d", "SparseMultiheadAttention", "sparsify", "LayerReport", "disable_fused_fast_paths",
-           "resident_bytes"]
+           "resident_bytes", "pack_weights"]

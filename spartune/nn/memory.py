@@ -6,8 +6,9 @@ import itertools
 import torch
 from torch import nn
 
-from ..formats import SparseFormat
+from ..formats import NM, PackedNM, SparseFormat
 from ..formats.stack import stacks_of
+from .linear import SparseLinear
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -51,3 +52,19 @@ def resident_bytes(model: nn.Module) -> int:
                 walk(value)
                 walk(stacks_of(value))  # torch.compile's fused layers: stacked copies, tuned too
     return sum(sizes.values())
+
+
+def pack_weights(model: nn.Module) -> nn.Module:
+    """Store each SparseLinear's 2:4 weight as a PackedNM (in place; returns `model`): its values
+    in the order the sparse tensor cores read them, so the kernels read the weight itself and the
+    layer holds its kept values once instead of twice (the canonical rows and the kernels'
+    packing). Outputs, gradients and state_dict work as before (a state_dict then holds the
+    packed layout; `SparseLinear.from_state_dict` and `load_state_dict` take it). Like `.to()`,
+    each packed layer gets a new `weight_values` Parameter: make the optimizer afterwards."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"pack_weights takes an nn.Module, got {type(model).__name__}")
+    for module in model.modules():
+        if isinstance(module, SparseLinear) and type(module.weight) is NM and module.weight.signature == "2:4":
+            with torch.no_grad():
+                module._adopt(PackedNM.from_nm(module.weight), module.weight_values.requires_grad)
+    return model

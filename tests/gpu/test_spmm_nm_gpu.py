@@ -560,3 +560,32 @@ def test_a_bound_launch_writes_each_calls_tensors(kind):
         w = A.to_dense()
     cfg = next(c for c in configs_of(A, N, variant) if not c.as_24)  # (V:N:M: its own gather)
     helpers.check_bound_launch_with_outputs_held(K.bind, A, w, cfg, N, TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant, N", [("mma", 1), ("mma", 16), ("wgmma", 200)])
+def test_packed_nm_reads_its_own_values(variant, dtype, N):
+    """A PackedNM runs the same kernels on its values in place: the same output as its NM, bit
+    for bit, for the first and last configs of the variant, odd shapes and an epilogue; its
+    calls hold no packed copy of the values; a graph replay sees an in-place update."""
+    M, Kd = 333, 1000
+    w, A, x, bias, res = operands(M, Kd, N, dtype, 11)
+    P = st.PackedNM.from_nm(A)
+    configs = configs_of(P, N, variant)
+    for cfg in (configs[0], configs[-1]):
+        y = run(P, x, cfg, bias=bias, activation="gelu", residual=res)
+        assert not y.isnan().any(), cfg
+        assert torch.equal(y, run(A, x, cfg, bias=bias, activation="gelu", residual=res)), cfg
+        assert rel(y, reference(x, w, bias, "gelu", res)) <= TOL, cfg
+    assert "_nm_packed" not in P.__dict__ and "_nm_packed_meta" in P.__dict__
+    out = torch.empty(N, M, device="cuda", dtype=dtype)
+    run(P, x, configs[-1], out=out)
+    graph = helpers.capture(lambda: K.launch(P, x, out, configs[-1]))
+    with torch.no_grad():
+        P.values.mul_(2)  # the weight updated in place: the replay reads it
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(out, reference(x, 2 * w)) <= TOL
+    y = st.linear(x, P, bias)  # tuned, through dispatch
+    assert rel(y, reference(x, 2 * w, bias)) <= TOL

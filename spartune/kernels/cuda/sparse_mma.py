@@ -47,6 +47,13 @@ def pack_core_matrices(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.T
     return v.contiguous(), _metadata(pairs, mt, kt)
 
 
+def metadata_words(idx: torch.Tensor) -> torch.Tensor:
+    """(M, K/2) positions -> the (M/16, K/32, 32) metadata words of `pack_compressed`, for values
+    already in place (spmm_nm's PackedNM)."""
+    pairs, mt, kt = _checked(idx, idx)
+    return _metadata(pairs, mt, kt)
+
+
 def _checked(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """The positions as (M, K/4, 2) pairs, and the tiles (M/16, K/32), once the operands are valid."""
     if values.dim() != 2 or values.shape != idx.shape:

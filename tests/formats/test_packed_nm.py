@@ -1,0 +1,81 @@
+"""PackedNM: a 2:4 weight stored in the sparse tensor cores' tile order (CPU)."""
+import pytest
+import torch
+
+import spartune as st
+from spartune.formats import NM, PackedNM
+from spartune.kernels import spmm_nm
+
+
+def random_nm(rows, cols, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return st.sparsify_weight(torch.randn(rows, cols, generator=g).to(dtype), "2:4")
+
+
+@pytest.mark.parametrize("rows, cols", [(16, 32), (37, 70), (5, 4), (200, 520), (64, 1030)])
+def test_round_trips_and_reads_as_nm(rows, cols):
+    A = random_nm(rows, cols, seed=rows + cols)
+    P = PackedNM.from_nm(A)
+    assert torch.equal(P.to_dense(), A.to_dense())
+    assert torch.equal(P.mask(), A.mask())
+    assert (P.nnz, P.signature, P.shape) == (A.nnz, A.signature, A.shape)
+    back = P.to_nm()
+    assert torch.equal(back.values, A.values) and torch.equal(back.idx, A.idx)
+    g = torch.randn(rows, cols)
+    assert torch.equal(P._rows(P.gather(g)), A.gather(g))  # the weight gradient's adjoint
+    assert torch.equal(PackedNM.from_dense(A.to_dense()).values, P.values)
+
+
+@pytest.mark.parametrize("rows, cols", [(16, 32), (37, 70), (200, 520)])
+def test_the_kernels_read_the_values_in_place_as_they_read_nms_packing(rows, cols):
+    A = random_nm(rows, cols, torch.float16, seed=cols)
+    P = PackedNM.from_nm(A)
+    va, ma, *tiles_a = spmm_nm.packed(A)
+    vp, mp, *tiles_p = spmm_nm.packed(P)
+    assert torch.equal(va, vp) and torch.equal(ma, mp) and tiles_a == tiles_p
+    assert vp.data_ptr() == P.values.data_ptr()  # no copy of the values
+    spmm_nm.release_unused(P, [spmm_nm.Config(bm=64, bn=8, num_warps=4)])
+    assert "_nm_packed_meta" in P.__dict__
+
+
+def test_refuses_what_it_cannot_hold():
+    A = random_nm(32, 64)
+    with pytest.raises(ValueError, match="2:4"):
+        PackedNM.from_nm(st.sparsify_weight(torch.randn(32, 64), "1:4"))
+    P = PackedNM.from_nm(A)
+    with pytest.raises(ValueError, match="values must have shape"):
+        PackedNM(shape=P.shape, n=2, m=4, values=P.values[:-1].contiguous(), idx=P.idx)
+    padded = P.values.clone()
+    padded[-1, -1] = 1.0  # a tile past K's last step
+    with pytest.raises(ValueError, match="padding"):
+        PackedNM(shape=P.shape, n=2, m=4, values=padded, idx=P.idx)
+    odd = PackedNM.from_nm(random_nm(20, 64))
+    v = odd.values.clone()
+    v.view(-1)[odd._all_rows(torch.arange(v.numel(), dtype=torch.float64).reshape(v.shape))[25, 0].long()] = 1.0
+    with pytest.raises(ValueError, match="padding"):  # row 25 of a 20-row weight
+        PackedNM(shape=odd.shape, n=2, m=4, values=v, idx=odd.idx)
+
+
+def test_pack_weights_keeps_outputs_gradients_and_state():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
+    st.nn.sparsify(model, "2:4")
+    x = torch.randn(5, 64)
+    expect = model(x).detach()
+    model[2].weight_values.requires_grad_(False)
+    model(x).square().sum().backward()
+    grad = model[0].weight_values.grad.clone()
+    assert st.nn.pack_weights(model) is model
+    assert all(type(model[i].weight) is PackedNM for i in (0, 2))
+    assert model[0].weight_values.requires_grad and not model[2].weight_values.requires_grad
+    assert torch.equal(model(x), expect)
+    model(x).square().sum().backward()
+    assert torch.allclose(model[0].weight._rows(model[0].weight_values.grad), grad, atol=1e-5)
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
+    st.nn.sparsify(fresh, "2:4")
+    fresh.load_state_dict(model.state_dict())  # a packed checkpoint into canonical layers
+    assert type(fresh[0].weight) is PackedNM and torch.equal(fresh(x), expect)
+    alone = st.nn.SparseLinear.from_state_dict(model.state_dict(), "2.")
+    assert torch.equal(alone.weight.to_dense(), model[2].weight.to_dense())
+    with pytest.raises(TypeError):
+        st.nn.pack_weights(model[0].weight)
