@@ -11,7 +11,7 @@ from torch import nn
 from ..formats import SparseFormat
 from ..kernels._epilogue import ACTIVATION_CODES
 from ..prune import sparsify_weight
-from .linear import SparseLinear
+from .linear import SparseLinear, kernel_layout
 
 
 def is_pointwise(conv: nn.Module) -> bool:
@@ -63,7 +63,7 @@ class SparseConv2d(nn.Module):
             raise ValueError(f"SparseConv2d takes a pointwise convolution (1x1, stride 1, no padding, dilation or "
                              f"groups), got {conv}")
         fmt, report = sparsify_weight(conv.weight.detach()[:, :, 0, 0], pattern, sparsity, return_report=True)
-        layer = cls(fmt, None if conv.bias is None else conv.bias.detach(), activation=activation,
+        layer = cls(kernel_layout(fmt), None if conv.bias is None else conv.bias.detach(), activation=activation,
                     requires_grad=conv.weight.requires_grad)
         return (layer, report) if return_report else layer
 

@@ -6,10 +6,17 @@ import torch
 from torch import nn
 
 from .. import library, ops
-from ..formats import SparseFormat, format_class
+from ..formats import NM, PackedNM, SparseFormat, format_class
 from ..prune import sparsify_weight
 
 _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
+
+
+def kernel_layout(fmt: SparseFormat) -> SparseFormat:
+    """The format a pruned layer keeps: a 2:4 weight as PackedNM, whose values the sparse tensor
+    cores' kernels read in place (an NM holds them twice: its rows and the kernels' packing);
+    any other format as it is."""
+    return PackedNM.from_nm(fmt) if type(fmt) is NM and fmt.signature == "2:4" else fmt
 
 
 class SparseLinear(nn.Module):
@@ -91,7 +98,7 @@ class SparseLinear(nn.Module):
         """Prune `linear`'s weight by magnitude into `pattern` (see sparsify_weight); the
         layer trains if the linear's weight did."""
         fmt, report = sparsify_weight(linear.weight.detach(), pattern, sparsity, return_report=True)
-        layer = cls(fmt, None if linear.bias is None else linear.bias.detach(),
+        layer = cls(kernel_layout(fmt), None if linear.bias is None else linear.bias.detach(),
                     requires_grad=linear.weight.requires_grad)
         return (layer, report) if return_report else layer
 

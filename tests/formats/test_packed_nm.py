@@ -56,13 +56,26 @@ def test_refuses_what_it_cannot_hold():
         PackedNM(shape=odd.shape, n=2, m=4, values=v, idx=odd.idx)
 
 
+def nm_model(seed=0):
+    """Two SparseLinear layers over 2:4 NM weights (as a checkpoint saved before PackedNM gives)."""
+    g = torch.Generator().manual_seed(seed)
+    layers = [st.nn.SparseLinear(st.sparsify_weight(torch.randn(o, i, generator=g), "2:4"), torch.randn(o, generator=g))
+              for i, o in ((64, 96), (96, 40))]
+    return torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1])
+
+
+def test_sparsify_keeps_2to4_weights_packed():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
+    st.nn.sparsify(model, {"0": "2:4", "2": ("csr", 0.5)})
+    assert type(model[0].weight) is PackedNM and type(model[2].weight) is st.CSR
+
+
 def test_pack_weights_keeps_outputs_gradients_and_state():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
-    st.nn.sparsify(model, "2:4")
+    model = nm_model()
     x = torch.randn(5, 64)
     expect = model(x).detach()
-    model[2].weight_values.requires_grad_(False)
+    model[0].weight_values.requires_grad_(True)
     model(x).square().sum().backward()
     grad = model[0].weight_values.grad.clone()
     assert st.nn.pack_weights(model) is model
@@ -71,8 +84,7 @@ def test_pack_weights_keeps_outputs_gradients_and_state():
     assert torch.equal(model(x), expect)
     model(x).square().sum().backward()
     assert torch.allclose(model[0].weight._rows(model[0].weight_values.grad), grad, atol=1e-5)
-    fresh = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
-    st.nn.sparsify(fresh, "2:4")
+    fresh = nm_model(seed=1)
     fresh.load_state_dict(model.state_dict())  # a packed checkpoint into canonical layers
     assert type(fresh[0].weight) is PackedNM and torch.equal(fresh(x), expect)
     alone = st.nn.SparseLinear.from_state_dict(model.state_dict(), "2.")
