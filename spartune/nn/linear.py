@@ -7,16 +7,25 @@ from torch import nn
 
 from .. import library, ops
 from ..formats import NM, PackedNM, SparseFormat, format_class
+from ..formats.nm import tile_steps
 from ..prune import sparsify_weight
 
 _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
 
 
+PACKED_PADDING_MAX = 1.25  # stored values of a PackedNM per kept value, past which NM stays
+
+
 def kernel_layout(fmt: SparseFormat) -> SparseFormat:
     """The format a pruned layer keeps: a 2:4 weight as PackedNM, whose values the sparse tensor
     cores' kernels read in place (an NM holds them twice: its rows and the kernels' packing);
-    any other format as it is."""
-    return PackedNM.from_nm(fmt) if type(fmt) is NM and fmt.signature == "2:4" else fmt
+    any other format as it is. A small layer whose tiles would pad its values by more than a
+    quarter (rows to 16, K to 128 columns: a 1x1 convolution of 32 channels stores 4x) stays NM."""
+    if type(fmt) is not NM or fmt.signature != "2:4":
+        return fmt
+    rows, kept = fmt.values.shape
+    stored = -(-rows // 16) * tile_steps(fmt.shape[1]) * 256
+    return PackedNM.from_nm(fmt) if stored <= PACKED_PADDING_MAX * max(rows * kept, 1) else fmt
 
 
 class SparseLinear(nn.Module):

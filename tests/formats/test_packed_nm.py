@@ -64,10 +64,12 @@ def nm_model(seed=0):
     return torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1])
 
 
-def test_sparsify_keeps_2to4_weights_packed():
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
-    st.nn.sparsify(model, {"0": "2:4", "2": ("csr", 0.5)})
+def test_sparsify_keeps_2to4_weights_packed_unless_the_tiles_pad_them():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40),
+                                torch.nn.Linear(40, 256))
+    st.nn.sparsify(model, {"0": "2:4", "2": ("csr", 0.5), "3": "2:4"})
     assert type(model[0].weight) is PackedNM and type(model[2].weight) is st.CSR
+    assert type(model[3].weight) is NM  # K = 40 would store 128 columns' worth: 3.2x
 
 
 def test_pack_weights_keeps_outputs_gradients_and_state():
