@@ -41,11 +41,13 @@ calls = [_llama(2048, decode=False), _llama(1, decode=True), _llama(8, decode=Tr
 built = [c(torch.float16, "cuda", False) for c in calls]
 model = built[0][0]
 dense = resident_bytes(model)
-for packed in (False, True):
+for pattern, packed in (("2:4", True), ("64:2:8", False), ("64:2:8", True)):
     m = copy.deepcopy(model)
-    sparsify(m, "2:4")
-    if packed:
-        pack_weights(m)
+    sparsify(m, pattern)
+    if not packed:  # sparsify packs: the canonical formats for the comparison
+        for mod in m.modules():
+            if isinstance(mod, st.nn.SparseLinear) and hasattr(mod.weight, "unpack"):
+                mod._adopt(mod.weight.unpack(), False)
     after = {}
     for (_, call), name in zip(built, ("prefill 2048", "decode 1", "decode 8")):
         call(m)()
@@ -62,7 +64,7 @@ for packed in (False, True):
                 c = dispatch.find_choice(A, n, "float16")
                 held[f"{mname}.pick{n}"] = None if c is None else f"{c.backend}"
     print(json.dumps(held), flush=True)
-    row = dict(kind="memory", packed=packed, dense_mb=round(dense / 1e6, 1), resident_mb=after,
+    row = dict(kind="memory", pattern=pattern, packed=packed, dense_mb=round(dense / 1e6, 1), resident_mb=after,
                x_dense=round(after["decode 8"] * 1e6 / dense, 3))
     print(json.dumps(row), flush=True)
     rows.append(row)
@@ -71,8 +73,8 @@ del model, built
 torch.cuda.empty_cache()
 for name, M, K in () if os.environ.get("NO_TIME") else (("7b-up", 11008, 4096), ("7b-down", 4096, 11008)):
     w = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    A = st.sparsify_weight(w, "2:4")
-    P = st.PackedNM.from_nm(A)
+    A = st.sparsify_weight(w, os.environ.get("PATTERN", "2:4"))
+    P = st.nn.linear.packed_layout(A)
     wd = A.to_dense()
     for N in (1, 16, 2048):
         x = torch.randn(N, K, device="cuda", dtype=torch.float16)
@@ -86,7 +88,7 @@ for name, M, K in () if os.environ.get("NO_TIME") else (("7b-up", 11008, 4096), 
             t["packed"].append(cold_replay(lambda: st.linear(x, P)))
             t["dense"].append(cold_replay(lambda: F.linear(x, wd)))
         med = {k: sorted(v)[1] * 1e6 for k, v in t.items()}
-        row = dict(kind="time", shape=name, N=N, us=med, x_dense_nm=med["dense"] / med["nm"],
+        row = dict(kind="time", pattern=A.signature, shape=name, N=N, us=med, x_dense_nm=med["dense"] / med["nm"],
                    x_dense_packed=med["dense"] / med["packed"], err=err, bitwise_same=same)
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -19,10 +19,10 @@ from ._base import (
 )
 from .blocked import BlockSparse
 from .csr import CSR
-from .nm import NM, VNM, PackedNM
+from .nm import NM, VNM, PackedNM, PackedVNM
 from .shuffled import ShuffledBlock
 from .transpose import transposed
 
-__all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "PackedNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
+__all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "PackedNM", "PackedVNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
            "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "format_class", "memo", "pointers_from_counts",
            "transposed", "unit_of_items"]

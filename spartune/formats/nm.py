@@ -1,6 +1,7 @@
 """Semi-structured sparsity: N:M along K, and VENOM's V:N:M on top of the hardware 2:4."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -192,50 +193,48 @@ def tile_steps(cols: int) -> int:
     return ceil_div(cols, 128) * 4
 
 
-@dataclass(frozen=True, eq=False, repr=False)
-class PackedNM(NM):
-    """A 2:4 weight whose values are stored in the order the sparse tensor cores read them, so
-    that the kernels read the values themselves instead of a packed copy beside them: a 2:4 NM
-    weight run by spmm_nm holds its kept values twice (the canonical rows and the kernels'
-    packing, 1.12x of dense in a Llama layer: benchmarks/LOG.md, session 29), a PackedNM once
-    (~0.56x plus the kernels' 2-bit metadata).
+class _TileOrder:
+    """What PackedNM and PackedVNM share: the values of the 2:4 matrix the sparse tensor cores
+    multiply (NM's rows; V:N:M's kept columns) stored in the order the kernels read them, so they
+    read the values themselves instead of a packed copy beside them (the canonical rows and the
+    kernels' packing were the weight's kept values twice: benchmarks/LOG.md, sessions 29-30).
 
-    `values` is (tiles * K steps, 256): per (16-row tile, 32-column K step), in that order, the
-    tile's 16 x 16 kept values as four 8 x 8 core matrices (row half, column half, row, value),
-    rows padded to 16 and K steps to `tile_steps(K)` with zeros. `idx` holds the positions as
-    NM's do (row-major, packed). Everything else (to_dense, gradients, state_dict) works as for
-    NM; `from_nm` / `to_nm` convert."""
+    `values` is (tiles * K steps, 256): per (16-row tile, 32-column K step of that 2:4 matrix), in
+    that order, the tile's 16 x 16 kept values as four 8 x 8 core matrices (row half, column half,
+    row, value), rows padded to 16 and K steps to `tile_steps` with zeros. Every other tensor is
+    the canonical format's; `_scatter` permutes back, so to_dense, gradients (`gather`), stats,
+    state_dict and from_spec work as for it. `pack(A)` and `unpack()` convert."""
 
-    shape: tuple[int, int]
-    n: int
-    m: int
-    values: torch.Tensor  # (tiles * k_steps, 256)
-    idx: torch.Tensor  # uint8 (rows, groups * n / 4): the positions, packed as NM's
+    _canonical: type  # the format whose values these are, permuted
 
-    @classmethod
-    def from_nm(cls, A: NM) -> "PackedNM":
-        if type(A) is not NM or (A.n, A.m) != (2, 4):
-            raise ValueError(f"PackedNM holds 2:4 NM weights, got {type(A).__name__} {getattr(A, 'signature', '')}")
-        rows, kept = A.values.shape
-        mt, kt = ceil_div(rows, 16), tile_steps(A.shape[1])
-        v = F.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
-        units = v.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5).reshape(mt * kt, 256)
-        return cls(shape=A.shape, n=2, m=4, values=units.contiguous(), idx=A.idx)
+    def _rows_shape(self) -> tuple[int, int]:  # the canonical values' shape
+        raise NotImplementedError
 
-    @classmethod
-    def from_dense(cls, w: torch.Tensor, n: int = 2, m: int = 4) -> "PackedNM":
-        return cls.from_nm(NM.from_dense(w, n, m))
-
-    def to_nm(self) -> NM:
-        return NM(shape=self.shape, n=2, m=4, values=self._rows(self.values), idx=self.idx)
+    def _matrix_cols(self) -> int:  # columns of the 2:4 matrix the tensor cores multiply
+        raise NotImplementedError
 
     @property
     def tiles(self) -> int:
-        return ceil_div(self.shape[0], 16)
+        return ceil_div(self._rows_shape()[0], 16)
 
     @property
     def k_steps(self) -> int:
-        return tile_steps(self.shape[1])
+        return tile_steps(self._matrix_cols())
+
+    @classmethod
+    def pack(cls, A):
+        if type(A) is not cls._canonical:
+            raise ValueError(f"{cls.__name__} packs {cls._canonical.__name__} weights, got {type(A).__name__}")
+        fields = {f.name: getattr(A, f.name) for f in dataclasses.fields(A)}
+        rows, kept = A.values.shape
+        mt, kt = ceil_div(rows, 16), tile_steps(cls._matrix_cols(A))
+        v = F.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
+        fields["values"] = v.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5).reshape(mt * kt, 256).contiguous()
+        return cls(**fields)
+
+    def unpack(self):
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return self._canonical(**{**fields, "values": self._rows(self.values)})
 
     def _all_rows(self, values: torch.Tensor) -> torch.Tensor:
         """Values in this layout -> (tiles * 16, k_steps * 16) rows, padding included."""
@@ -243,26 +242,55 @@ class PackedNM(NM):
         return values.reshape(mt, kt, 2, 2, 8, 8).permute(0, 2, 4, 1, 3, 5).reshape(mt * 16, kt * 16)
 
     def _rows(self, values: torch.Tensor) -> torch.Tensor:
-        """Values in this layout -> NM's (rows, groups * n)."""
-        return self._all_rows(values)[:self.shape[0], :self.groups * self.n].contiguous()
+        """Values in this layout -> the canonical format's."""
+        rows, kept = self._rows_shape()
+        return self._all_rows(values)[:rows, :kept].contiguous()
+
+    def _validate(self) -> None:
+        check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=(self.tiles * self.k_steps, 256))
+        rows, kept = self._rows_shape()
+        full = self._all_rows(self.values)
+        if bool(full[rows:].ne(0).any() or full[:, kept:].ne(0).any()):
+            raise ValueError("values stored in the tile padding (past the matrix) must be zero")
+        self.unpack()  # the canonical format's own checks (a transient copy, at construction only)
+
+    def _scatter(self, values: torch.Tensor) -> torch.Tensor:
+        return self._canonical._scatter(self, self._rows(values))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PackedNM(_TileOrder, NM):
+    """A 2:4 NM weight in the sparse tensor cores' tile order (see _TileOrder): what `sparsify`
+    keeps for a 2:4 layer. `values` (tiles * K steps, 256); `idx` as NM's."""
+
+    shape: tuple[int, int]
+    n: int
+    m: int
+    values: torch.Tensor  # (tiles * k_steps, 256)
+    idx: torch.Tensor  # uint8 (rows, groups * n / 4): the positions, packed as NM's
+
+    _canonical = NM
+
+    @classmethod
+    def pack(cls, A: NM) -> "PackedNM":
+        if type(A) is NM and (A.n, A.m) != (2, 4):
+            raise ValueError(f"PackedNM holds 2:4 weights, got {A.signature}")
+        return super().pack(A)
+
+    @classmethod
+    def from_dense(cls, w: torch.Tensor, n: int = 2, m: int = 4) -> "PackedNM":
+        return cls.pack(NM.from_dense(w, n, m))
+
+    def _rows_shape(self) -> tuple[int, int]:
+        return self.shape[0], self.groups * self.n
+
+    def _matrix_cols(self) -> int:
+        return self.shape[1]
 
     def _validate(self) -> None:
         if (self.n, self.m) != (2, 4):
             raise ValueError(f"PackedNM holds 2:4 weights, got {self.n}:{self.m}")
-        shape = (self.tiles * self.k_steps, 256)
-        check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=shape)
-        rows, cols = self.shape
-        kept = self.groups * self.n
-        positions = _check_codes("idx", self.idx, rows, kept, position_bits(self.m), self.values.device)
-        _check_positions("idx", positions, self.m, self.n)
-        full = self._all_rows(self.values)
-        if bool(full[rows:].ne(0).any() or full[:, kept:].ne(0).any()):
-            raise ValueError("values stored in the tile padding (past the matrix) must be zero")
-        if self.groups * self.m != cols and bool(self._columns().ge(cols).logical_and(full[:rows, :kept] != 0).any()):
-            raise ValueError("values stored in the column padding (beyond K) must be zero")
-
-    def _scatter(self, values: torch.Tensor) -> torch.Tensor:
-        return NM._scatter(self, self._rows(values))
+        _TileOrder._validate(self)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -379,6 +407,32 @@ class VNM(SparseFormat):
         inside = self._columns()[:rows].lt(cols)
         nnz = int(inside.sum().item())
         return stats_from_counts(rows, cols, nnz, self.v, 1, torch.full((self.row_blocks,), 4.0 * self.col_blocks))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PackedVNM(_TileOrder, VNM):
+    """A V:N:M weight in the sparse tensor cores' tile order (see _TileOrder): the 2:4 matrix over
+    each V-row block's kept columns, as the kernels read it. `values` (tiles * K steps, 256);
+    `cols` and `idx` as VNM's."""
+
+    shape: tuple[int, int]
+    v: int
+    m: int
+    cols: torch.Tensor  # uint8 (row blocks, col blocks, 4)
+    values: torch.Tensor  # (tiles * k_steps, 256)
+    idx: torch.Tensor  # uint8 (padded rows, ceil(col blocks / 2)): the positions, 2 bits each
+
+    _canonical = VNM
+
+    @classmethod
+    def from_dense(cls, w: torch.Tensor, v: int = 64, m: int = 8) -> "PackedVNM":
+        return cls.pack(VNM.from_dense(w, v, m))
+
+    def _rows_shape(self) -> tuple[int, int]:
+        return self.row_blocks * self.v, self.col_blocks * 2
+
+    def _matrix_cols(self) -> int:
+        return self.col_blocks * 4
 
 
 def _check_nm(n, m) -> None:

@@ -33,7 +33,7 @@ from ._common import arrival_counters, scratch
 from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
-from ..formats import VNM, PackedNM, memo
+from ..formats import VNM, PackedNM, PackedVNM, memo
 from ..formats.nm import tile_steps
 from ..tune.device import spec_of
 from ..tune.problem import KernelFeatures, Problem
@@ -371,11 +371,11 @@ def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     Rows pad to 16 and K to 128 (an even number of wgmma stages) with zero values and valid
     metadata. V:N:M: the 2:4 matrix over the kept columns (4 per M-column block). One layout for
     both variants: a weight run at decode and prefill holds its packing once (LOG, session 29)."""
-    if isinstance(A, VNM):
-        return memo(A, _PACKED_KEY, lambda: _pack(A, A.col_blocks * 4))
-    if isinstance(A, PackedNM):  # the format's own values, in this order already: only the metadata beside them
+    if isinstance(A, (PackedNM, PackedVNM)):  # the format's own values, in this order already: the metadata beside them
         mt, kt = A.tiles, A.k_steps
         return A.values.view(mt, kt, 2, 2, 8, 8), memo(A, _META_KEY, lambda: _metadata(A), of_values=False), mt, kt
+    if isinstance(A, VNM):
+        return memo(A, _PACKED_KEY, lambda: _pack(A, A.col_blocks * 4))
     if (A.n, A.m) != (2, 4):
         raise ValueError(f"spmm_nm runs 2:4 and V:N:M weights, got {A.n}:{A.m}")
     return memo(A, _PACKED_KEY, lambda: _pack(A, A.shape[1]))
@@ -419,11 +419,11 @@ def _pack(A, cols: int):
     return v, meta[..., _META_LANES].contiguous(), mt, kt
 
 
-def _metadata(A: PackedNM) -> torch.Tensor:
-    """`packed`'s metadata words of a PackedNM (its pattern alone)."""
+def _metadata(A) -> torch.Tensor:
+    """`packed`'s metadata words of a PackedNM or PackedVNM (its pattern alone)."""
     from .cuda.sparse_mma import metadata_words
 
-    idx, _, _ = _padded_positions(A, A.shape[1])
+    idx, _, _ = _padded_positions(A, A._matrix_cols())
     return metadata_words(idx)[..., _META_LANES].contiguous()
 
 

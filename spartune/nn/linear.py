@@ -6,26 +6,32 @@ import torch
 from torch import nn
 
 from .. import library, ops
-from ..formats import NM, PackedNM, SparseFormat, format_class
-from ..formats.nm import tile_steps
+from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class
 from ..prune import sparsify_weight
 
 _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
 
 
-PACKED_PADDING_MAX = 1.25  # stored values of a PackedNM per kept value, past which NM stays
+PACKED_PADDING_MAX = 1.25  # stored values of a packed weight per kept value, past which it stays canonical
+
+
+def packed_layout(fmt: SparseFormat) -> SparseFormat | None:
+    """A 2:4 NM or a V:N:M weight in the sparse tensor cores' tile order (PackedNM, PackedVNM),
+    whose values the kernels read in place: the canonical format held them twice, its rows and
+    the kernels' packing. None for other formats."""
+    if type(fmt) is NM and fmt.signature == "2:4":
+        return PackedNM.pack(fmt)
+    return PackedVNM.pack(fmt) if type(fmt) is VNM else None
 
 
 def kernel_layout(fmt: SparseFormat) -> SparseFormat:
-    """The format a pruned layer keeps: a 2:4 weight as PackedNM, whose values the sparse tensor
-    cores' kernels read in place (an NM holds them twice: its rows and the kernels' packing);
-    any other format as it is. A small layer whose tiles would pad its values by more than a
-    quarter (rows to 16, K to 128 columns: a 1x1 convolution of 32 channels stores 4x) stays NM."""
-    if type(fmt) is not NM or fmt.signature != "2:4":
+    """The format a pruned layer keeps: `packed_layout`'s where there is one, unless its tiles pad
+    the values by more than a quarter (rows to 16, the 2:4 matrix's K to 128 columns: a 1x1
+    convolution of 32 channels stores 4x), then the format as it is."""
+    packed = packed_layout(fmt)
+    if packed is None or packed.values.numel() > PACKED_PADDING_MAX * max(fmt.values.numel(), 1):
         return fmt
-    rows, kept = fmt.values.shape
-    stored = -(-rows // 16) * tile_steps(fmt.shape[1]) * 256
-    return PackedNM.from_nm(fmt) if stored <= PACKED_PADDING_MAX * max(rows * kept, 1) else fmt
+    return packed
 
 
 class SparseLinear(nn.Module):

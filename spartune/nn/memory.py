@@ -6,9 +6,9 @@ import itertools
 import torch
 from torch import nn
 
-from ..formats import NM, PackedNM, SparseFormat
+from ..formats import SparseFormat
 from ..formats.stack import stacks_of
-from .linear import SparseLinear
+from .linear import SparseLinear, packed_layout
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -55,18 +55,20 @@ def resident_bytes(model: nn.Module) -> int:
 
 
 def pack_weights(model: nn.Module) -> nn.Module:
-    """Store each SparseLinear's 2:4 NM weight as a PackedNM (in place; returns `model`), as
-    `sparsify` and `from_linear` do (they leave a small layer NM where the tiles would pad its
-    values by more than a quarter; here every 2:4 layer is packed): for layers built from an NM
-    (a checkpoint saved before, a format given by hand). Its values are stored in the order the sparse tensor cores read them,
-    so the kernels read the weight itself and the layer holds its kept values once instead of
-    twice (the canonical rows and the kernels' packing). Outputs, gradients and state_dict work as before (a state_dict then holds the
+    """Store each SparseLinear's 2:4 NM or V:N:M weight as a PackedNM or PackedVNM (in place;
+    returns `model`), as `sparsify` and `from_linear` do (they leave a small layer canonical where
+    the tiles would pad its values by more than a quarter; here every such layer is packed): for
+    layers built from a canonical format (a checkpoint saved before, a format given by hand). The
+    values are then stored in the order the sparse tensor cores read them, so the kernels read the
+    weight itself and the layer holds its kept values once instead of twice (the canonical rows
+    and the kernels' packing). Outputs, gradients and state_dict work as before (a state_dict then holds the
     packed layout; `SparseLinear.from_state_dict` and `load_state_dict` take it). Like `.to()`,
     each packed layer gets a new `weight_values` Parameter: make the optimizer afterwards."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"pack_weights takes an nn.Module, got {type(model).__name__}")
     for module in model.modules():
-        if isinstance(module, SparseLinear) and type(module.weight) is NM and module.weight.signature == "2:4":
+        packed = packed_layout(module.weight) if isinstance(module, SparseLinear) else None
+        if packed is not None:
             with torch.no_grad():
-                module._adopt(PackedNM.from_nm(module.weight), module.weight_values.requires_grad)
+                module._adopt(packed, module.weight_values.requires_grad)
     return model

@@ -1,9 +1,9 @@
-"""PackedNM: a 2:4 weight stored in the sparse tensor cores' tile order (CPU)."""
+"""PackedNM and PackedVNM: 2:4 and V:N:M weights stored in the sparse tensor cores' tile order (CPU)."""
 import pytest
 import torch
 
 import spartune as st
-from spartune.formats import NM, PackedNM
+from spartune.formats import NM, VNM, PackedNM, PackedVNM
 from spartune.kernels import spmm_nm
 
 
@@ -15,11 +15,11 @@ def random_nm(rows, cols, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("rows, cols", [(16, 32), (37, 70), (5, 4), (200, 520), (64, 1030)])
 def test_round_trips_and_reads_as_nm(rows, cols):
     A = random_nm(rows, cols, seed=rows + cols)
-    P = PackedNM.from_nm(A)
+    P = PackedNM.pack(A)
     assert torch.equal(P.to_dense(), A.to_dense())
     assert torch.equal(P.mask(), A.mask())
     assert (P.nnz, P.signature, P.shape) == (A.nnz, A.signature, A.shape)
-    back = P.to_nm()
+    back = P.unpack()
     assert torch.equal(back.values, A.values) and torch.equal(back.idx, A.idx)
     g = torch.randn(rows, cols)
     assert torch.equal(P._rows(P.gather(g)), A.gather(g))  # the weight gradient's adjoint
@@ -29,7 +29,7 @@ def test_round_trips_and_reads_as_nm(rows, cols):
 @pytest.mark.parametrize("rows, cols", [(16, 32), (37, 70), (200, 520)])
 def test_the_kernels_read_the_values_in_place_as_they_read_nms_packing(rows, cols):
     A = random_nm(rows, cols, torch.float16, seed=cols)
-    P = PackedNM.from_nm(A)
+    P = PackedNM.pack(A)
     va, ma, *tiles_a = spmm_nm.packed(A)
     vp, mp, *tiles_p = spmm_nm.packed(P)
     assert torch.equal(va, vp) and torch.equal(ma, mp) and tiles_a == tiles_p
@@ -41,15 +41,15 @@ def test_the_kernels_read_the_values_in_place_as_they_read_nms_packing(rows, col
 def test_refuses_what_it_cannot_hold():
     A = random_nm(32, 64)
     with pytest.raises(ValueError, match="2:4"):
-        PackedNM.from_nm(st.sparsify_weight(torch.randn(32, 64), "1:4"))
-    P = PackedNM.from_nm(A)
+        PackedNM.pack(st.sparsify_weight(torch.randn(32, 64), "1:4"))
+    P = PackedNM.pack(A)
     with pytest.raises(ValueError, match="values must have shape"):
         PackedNM(shape=P.shape, n=2, m=4, values=P.values[:-1].contiguous(), idx=P.idx)
     padded = P.values.clone()
     padded[-1, -1] = 1.0  # a tile past K's last step
     with pytest.raises(ValueError, match="padding"):
         PackedNM(shape=P.shape, n=2, m=4, values=padded, idx=P.idx)
-    odd = PackedNM.from_nm(random_nm(20, 64))
+    odd = PackedNM.pack(random_nm(20, 64))
     v = odd.values.clone()
     v.view(-1)[odd._all_rows(torch.arange(v.numel(), dtype=torch.float64).reshape(v.shape))[25, 0].long()] = 1.0
     with pytest.raises(ValueError, match="padding"):  # row 25 of a 20-row weight
@@ -93,3 +93,36 @@ def test_pack_weights_keeps_outputs_gradients_and_state():
     assert torch.equal(alone.weight.to_dense(), model[2].weight.to_dense())
     with pytest.raises(TypeError):
         st.nn.pack_weights(model[0].weight)
+
+
+@pytest.mark.parametrize("pattern", ["64:2:8", "16:2:4", "128:2:32", "32:2:16"])
+@pytest.mark.parametrize("rows, cols", [(100, 72), (130, 300), (64, 256)])
+def test_vnm_round_trips_and_the_kernels_read_it_in_place(pattern, rows, cols):
+    g = torch.Generator().manual_seed(rows + cols)
+    A = st.sparsify_weight(torch.randn(rows, cols, generator=g).half(), pattern)
+    P = PackedVNM.pack(A)
+    assert torch.equal(P.to_dense(), A.to_dense()) and P.nnz == A.nnz and P.signature == A.signature
+    back = P.unpack()
+    assert type(back) is VNM and all(torch.equal(a, b) for a, b in zip(back.tensor_list(), A.tensor_list()))
+    w = torch.randn(rows, cols, generator=g).half()
+    assert torch.equal(P._rows(P.gather(w)), A.gather(w))
+    va, ma, *ta = spmm_nm.packed(A)
+    vp, mp, *tp = spmm_nm.packed(P)
+    assert torch.equal(va, vp) and torch.equal(ma, mp) and ta == tp and vp.data_ptr() == P.values.data_ptr()
+    assert torch.equal(spmm_nm.packed_as_24(P)[0], spmm_nm.packed_as_24(A)[0])  # prefill's 2:4 copy
+    with pytest.raises(ValueError, match="PackedVNM packs VNM"):
+        PackedVNM.pack(st.sparsify_weight(torch.randn(32, 64), "2:4"))
+
+
+def test_sparsify_and_pack_weights_pack_vnm_layers():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    st.nn.sparsify(model, "64:2:8")
+    assert type(model[0].weight) is PackedVNM  # K = 256: 32 column blocks, a 2:4 matrix of 128 columns
+    assert type(model[2].weight) is VNM  # K = 128: its 64 columns would pad to 128
+    layer = st.nn.SparseLinear(st.sparsify_weight(torch.randn(64, 40), "16:2:8"))
+    x = torch.randn(3, 40)
+    expect = layer(x)
+    st.nn.pack_weights(layer)
+    assert type(layer.weight) is PackedVNM and torch.allclose(layer(x), expect)
+    sd = layer.state_dict()
+    assert torch.equal(st.nn.SparseLinear.from_state_dict(sd).weight.to_dense(), layer.weight.to_dense())

@@ -570,7 +570,7 @@ def test_packed_nm_reads_its_own_values(variant, dtype, N):
     calls hold no packed copy of the values; a graph replay sees an in-place update."""
     M, Kd = 333, 1000
     w, A, x, bias, res = operands(M, Kd, N, dtype, 11)
-    P = st.PackedNM.from_nm(A)
+    P = st.PackedNM.pack(A)
     configs = configs_of(P, N, variant)
     for cfg in (configs[0], configs[-1]):
         y = run(P, x, cfg, bias=bias, activation="gelu", residual=res)
@@ -589,3 +589,30 @@ def test_packed_nm_reads_its_own_values(variant, dtype, N):
     assert rel(out, reference(x, 2 * w)) <= TOL
     y = st.linear(x, P, bias)  # tuned, through dispatch
     assert rel(y, reference(x, 2 * w, bias)) <= TOL
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 16, 200])
+def test_packed_vnm_reads_its_own_values(dtype, N):
+    """A PackedVNM runs the V:N:M kernels on its values in place: the same output as its VNM, bit
+    for bit, on the mma ring (x^T rows and x_whole), the wgmma gather and the as_24 copy."""
+    M, Kd = 1000, 777
+    A = random_vnm(M, Kd, 64, 8, dtype, 13)
+    P = st.PackedVNM.pack(A)
+    w = A.to_dense()
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    mma = K.space(problem(P, N))
+    picks = {mma[0], mma[-1]}
+    picks |= {next(c for c in mma if c.stages >= 3 and c.x_whole == xw) for xw in (False, True)
+              if any(c.stages >= 3 and c.x_whole == xw for c in mma)}
+    if N > 16:
+        wg = [c for c in K.space(hopper_problem(P, N)) if c.variant == "wgmma"]
+        picks |= {c for c in (next((c for c in wg if not c.as_24), None), next((c for c in wg if c.as_24), None)) if c}
+    for cfg in picks:
+        y = run(P, x, cfg, bias=bias, activation="silu")
+        assert not y.isnan().any(), cfg
+        assert torch.equal(y, run(A, x, cfg, bias=bias, activation="silu")), cfg
+        assert rel(y, reference(x, w, bias=bias, activation="silu")) <= TOL, cfg
+    assert "_nm_packed" not in P.__dict__
+    assert rel(st.linear(x, P), reference(x, w)) <= TOL

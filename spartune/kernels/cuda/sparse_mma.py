@@ -49,7 +49,7 @@ def pack_core_matrices(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.T
 
 def metadata_words(idx: torch.Tensor) -> torch.Tensor:
     """(M, K/2) positions -> the (M/16, K/32, 32) metadata words of `pack_compressed`, for values
-    already in place (spmm_nm's PackedNM)."""
+    already in place (spmm_nm's PackedNM and PackedVNM)."""
     pairs, mt, kt = _checked(idx, idx)
     return _metadata(pairs, mt, kt)
 
