@@ -14,6 +14,7 @@ from ._base import (
     check_block_size,
     check_dense_weight,
     check_range,
+    check_shape,
     check_tensor,
     stats_from_counts,
 )
@@ -203,7 +204,10 @@ class _TileOrder:
     that order, the tile's 16 x 16 kept values as four 8 x 8 core matrices (row half, column half,
     row, value), rows padded to 16 and K steps to `tile_steps` with zeros. Every other tensor is
     the canonical format's; `_scatter` permutes back, so to_dense, gradients (`gather`), stats,
-    state_dict and from_spec work as for it. `pack(A)` and `unpack()` convert."""
+    state_dict and from_spec work as for it. `pack(A)` and `unpack()` convert. A layer's
+    `weight_values` is then this (units, 256) matrix: elementwise optimizers (SGD, Adam) keep its
+    zero padding zero (its gradient is zero there), one that mixes a matrix's entries (Shampoo,
+    Muon) would not, and the kernels read the padding: train such a layer canonical (`unpack`)."""
 
     _canonical: type  # the format whose values these are, permuted
 
@@ -246,8 +250,14 @@ class _TileOrder:
         rows, kept = self._rows_shape()
         return self._all_rows(values)[:rows, :kept].contiguous()
 
+    def _check_static(self) -> None:  # the canonical format's static fields, before any arithmetic on them
+        raise NotImplementedError
+
     def _validate(self) -> None:
+        self._check_static()
         check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=(self.tiles * self.k_steps, 256))
+        if self.values.data_ptr() % 16:
+            raise ValueError("values must start 16-byte aligned: the kernels read them in place, 16 bytes at a time")
         rows, kept = self._rows_shape()
         full = self._all_rows(self.values)
         if bool(full[rows:].ne(0).any() or full[:, kept:].ne(0).any()):
@@ -287,10 +297,11 @@ class PackedNM(_TileOrder, NM):
     def _matrix_cols(self) -> int:
         return self.shape[1]
 
-    def _validate(self) -> None:
+    def _check_static(self) -> None:
+        check_shape(self.shape)
+        _check_nm(self.n, self.m)
         if (self.n, self.m) != (2, 4):
             raise ValueError(f"PackedNM holds 2:4 weights, got {self.n}:{self.m}")
-        _TileOrder._validate(self)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -433,6 +444,11 @@ class PackedVNM(_TileOrder, VNM):
 
     def _matrix_cols(self) -> int:
         return self.col_blocks * 4
+
+    def _check_static(self) -> None:
+        check_shape(self.shape)
+        check_block_size("v", self.v)
+        _check_vnm_m(self.m)
 
 
 def _check_nm(n, m) -> None:

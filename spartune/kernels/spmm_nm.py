@@ -373,7 +373,9 @@ def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     both variants: a weight run at decode and prefill holds its packing once (LOG, session 29)."""
     if isinstance(A, (PackedNM, PackedVNM)):  # the format's own values, in this order already: the metadata beside them
         mt, kt = A.tiles, A.k_steps
-        return A.values.view(mt, kt, 2, 2, 8, 8), memo(A, _META_KEY, lambda: _metadata(A), of_values=False), mt, kt
+        # (construction refuses misaligned values; a trusted rebuild over a view could still hand one)
+        values = A.values if A.values.data_ptr() % 16 == 0 else A.values.clone()
+        return values.view(mt, kt, 2, 2, 8, 8), memo(A, _META_KEY, lambda: _metadata(A), of_values=False), mt, kt
     if isinstance(A, VNM):
         return memo(A, _PACKED_KEY, lambda: _pack(A, A.col_blocks * 4))
     if (A.n, A.m) != (2, 4):

@@ -7,6 +7,7 @@ from torch import nn
 
 from .. import library, ops
 from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class
+from ..formats.nm import _TileOrder
 from ..prune import sparsify_weight
 
 _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
@@ -135,14 +136,20 @@ class SparseLinear(nn.Module):
         nn.Linear weights share theirs), with `bias` (a Parameter is shared, a tensor copied)."""
         new = SparseLinear.__new__(SparseLinear)
         nn.Module.__init__(new)
-        new.weight_values = self.weight_values
-        for name in self._weight_names[1:]:
-            new.register_buffer(f"weight_{name}", getattr(self, f"weight_{name}"))
-        new._weight_names, new._weight, new._weight_where = self._weight_names, self._weight, self._weight_where
+        new._tie_to(self)
         if bias is not None and not isinstance(bias, nn.Parameter):
             bias = nn.Parameter(bias.detach().clone(), requires_grad=self.weight_values.requires_grad)
         new.bias = bias
         return new
+
+    def _tie_to(self, other: "SparseLinear") -> None:
+        """Hold `other`'s sparse weight (its Parameter, buffers and format object) instead of one's own."""
+        for name in getattr(self, "_weight_names", ()):
+            delattr(self, f"weight_{name}")
+        self.weight_values = other.weight_values
+        for name in other._weight_names[1:]:
+            self.register_buffer(f"weight_{name}", getattr(other, f"weight_{name}"))
+        self._weight_names, self._weight, self._weight_where = other._weight_names, other._weight, other._weight_where
 
     # --- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, activation: str | None = None) -> torch.Tensor:
@@ -206,6 +213,7 @@ class SparseLinear(nn.Module):
             with torch.no_grad():
                 self.bias.copy_(saved_bias)
         fmt = fmt.with_values(fmt.values.to(current.dtype)) if fmt.dtype != current.dtype else fmt
+        fmt = _in_layout_of(current, fmt)
         if fmt.values.shape == self.weight_values.shape:  # into the same Parameter, as nn.Linear loads
             with torch.no_grad():
                 self.weight_values.copy_(fmt.values)
@@ -219,6 +227,18 @@ class SparseLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self._weight!r}, bias={self.bias is not None}"
+
+
+def _in_layout_of(current: SparseFormat, fmt: SparseFormat) -> SparseFormat:
+    """A saved weight in the layer's layout where only the layout differs (a canonical checkpoint
+    into a packed layer, or back): the same weight, loaded into the layer's own Parameter (an
+    optimizer built before and tied layers keep it), not adopted as another format."""
+    if isinstance(current, _TileOrder) and type(fmt) is current._canonical:
+        packed = packed_layout(fmt)
+        return packed if type(packed) is type(current) else fmt
+    if isinstance(fmt, _TileOrder) and type(current) is fmt._canonical:
+        return fmt.unpack()
+    return fmt
 
 
 def _spec_of(state_dict, prefix: str) -> str | None:

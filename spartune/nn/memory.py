@@ -66,9 +66,17 @@ def pack_weights(model: nn.Module) -> nn.Module:
     each packed layer gets a new `weight_values` Parameter: make the optimizer afterwards."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"pack_weights takes an nn.Module, got {type(model).__name__}")
+    done: dict[int, SparseLinear] = {}  # a tied weight's Parameter -> the layer that packed it
     for module in model.modules():
-        packed = packed_layout(module.weight) if isinstance(module, SparseLinear) else None
+        if not isinstance(module, SparseLinear):
+            continue
+        first = done.get(id(module.weight_values))
+        if first is not None:  # tied to a layer packed already: tied to its packed weight
+            module._tie_to(first)
+            continue
+        packed = packed_layout(module.weight)
         if packed is not None:
+            done[id(module.weight_values)] = module
             with torch.no_grad():
                 module._adopt(packed, module.weight_values.requires_grad)
     return model

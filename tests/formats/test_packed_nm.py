@@ -88,7 +88,7 @@ def test_pack_weights_keeps_outputs_gradients_and_state():
     assert torch.allclose(model[0].weight._rows(model[0].weight_values.grad), grad, atol=1e-5)
     fresh = nm_model(seed=1)
     fresh.load_state_dict(model.state_dict())  # a packed checkpoint into canonical layers
-    assert type(fresh[0].weight) is PackedNM and torch.equal(fresh(x), expect)
+    assert type(fresh[0].weight) is NM and torch.equal(fresh(x), expect)  # the same weight, in the layer's layout
     alone = st.nn.SparseLinear.from_state_dict(model.state_dict(), "2.")
     assert torch.equal(alone.weight.to_dense(), model[2].weight.to_dense())
     with pytest.raises(TypeError):
@@ -126,3 +126,44 @@ def test_sparsify_and_pack_weights_pack_vnm_layers():
     assert type(layer.weight) is PackedVNM and torch.allclose(layer(x), expect)
     sd = layer.state_dict()
     assert torch.equal(st.nn.SparseLinear.from_state_dict(sd).weight.to_dense(), layer.weight.to_dense())
+
+
+def test_refuses_misaligned_values_and_bad_static_fields_clearly():
+    P = PackedNM.pack(random_nm(32, 256, torch.float16))
+    buf = torch.zeros(P.values.numel() + 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        P.with_values(buf[4:].view(P.values.shape))
+    V = PackedVNM.pack(st.sparsify_weight(torch.randn(64, 256), "64:2:8"))
+    for bad in (dict(v=0), dict(m=0), dict(v=3), dict(v="64")):
+        with pytest.raises(ValueError, match="v |V:N:M needs|block"):
+            PackedVNM(**{**dict(shape=V.shape, v=V.v, m=V.m, cols=V.cols, values=V.values, idx=V.idx), **bad})
+    with pytest.raises(ValueError, match="N:M needs"):
+        PackedNM(shape=P.shape, n="2", m=4, values=P.values, idx=P.idx)
+
+
+def test_loading_across_the_layout_keeps_the_parameter_and_ties():
+    """A canonical checkpoint into a packed model (and back) loads into the layer's own Parameter:
+    an optimizer built before still trains it; pack_weights keeps tied layers tied."""
+    canonical = nm_model(seed=2)
+    packed = st.nn.pack_weights(nm_model(seed=3))
+    packed.requires_grad_(True)
+    param = packed[0].weight_values
+    opt = torch.optim.SGD(packed.parameters(), lr=0.1)
+    packed.load_state_dict(canonical.state_dict())
+    assert packed[0].weight_values is param and type(packed[0].weight) is PackedNM
+    x = torch.randn(4, 64)
+    assert torch.allclose(packed(x), canonical(x))
+    before = packed[0].weight.to_dense().clone()
+    packed(x).square().sum().backward()
+    opt.step()
+    assert not torch.equal(before, packed[0].weight.to_dense())
+    back = nm_model(seed=4)
+    kept = back[0].weight_values
+    back.load_state_dict(packed.state_dict())
+    assert back[0].weight_values is kept and type(back[0].weight) is NM
+    assert torch.allclose(back(x), packed(x))
+    layer = st.nn.SparseLinear(st.sparsify_weight(torch.randn(64, 256), "2:4"), torch.randn(64))
+    tied = torch.nn.Sequential(layer, layer.tied_copy(torch.randn(64)))
+    st.nn.pack_weights(tied)
+    assert tied[0].weight_values is tied[1].weight_values and type(tied[1].weight) is PackedNM
+    assert len(list(tied.parameters())) == 3
