@@ -14,7 +14,6 @@ from ._base import (
     check_block_size,
     check_dense_weight,
     check_range,
-    check_shape,
     check_tensor,
     stats_from_counts,
 )
@@ -162,10 +161,16 @@ class NM(SparseFormat):
     def groups(self) -> int:
         return ceil_div(self.shape[1], self.m)
 
+    def _check_static(self) -> None:
+        _check_nm(self.n, self.m)
+
+    def _values_shape(self) -> tuple[int, int]:
+        return self.shape[0], self.groups * self.n
+
     def _validate(self) -> None:
         rows, cols = self.shape
-        _check_nm(self.n, self.m)
-        shape = (rows, self.groups * self.n)
+        self._check_static()
+        shape = self._values_shape()
         check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=shape)
         positions = _check_codes("idx", self.idx, rows, shape[1], position_bits(self.m), self.values.device)
         _check_positions("idx", positions, self.m, self.n)
@@ -209,21 +214,31 @@ class _TileOrder:
     zero padding zero (its gradient is zero there), one that mixes a matrix's entries (Shampoo,
     Muon) would not, and the kernels read the padding: train such a layer canonical (`unpack`)."""
 
-    _canonical: type  # the format whose values these are, permuted
+    _canonical: type  # the format whose values these are, permuted; its `_values_shape` and
+    # `_check_static` (the canonical values' shape, its static fields' checks) serve both
 
-    def _rows_shape(self) -> tuple[int, int]:  # the canonical values' shape
-        raise NotImplementedError
+    @staticmethod
+    def _tile_grid(rows: int, kept: int) -> tuple[int, int]:
+        """(tiles, K steps) for canonical values (rows, kept): the 2:4 matrix has 2 * kept columns."""
+        return ceil_div(rows, 16), tile_steps(2 * kept)
 
-    def _matrix_cols(self) -> int:  # columns of the 2:4 matrix the tensor cores multiply
-        raise NotImplementedError
+    @classmethod
+    def stored_numel(cls, A) -> int:
+        """Values a packing of the canonical `A` stores, tile padding included."""
+        mt, kt = cls._tile_grid(*A.values.shape)
+        return mt * kt * 256
 
     @property
     def tiles(self) -> int:
-        return ceil_div(self._rows_shape()[0], 16)
+        return self._tile_grid(*self._values_shape())[0]
 
     @property
     def k_steps(self) -> int:
-        return tile_steps(self._matrix_cols())
+        return self._tile_grid(*self._values_shape())[1]
+
+    def _matrix_cols(self) -> int:
+        """Columns of the 2:4 matrix the tensor cores multiply."""
+        return 2 * self._values_shape()[1]
 
     @classmethod
     def pack(cls, A):
@@ -231,7 +246,7 @@ class _TileOrder:
             raise ValueError(f"{cls.__name__} packs {cls._canonical.__name__} weights, got {type(A).__name__}")
         fields = {f.name: getattr(A, f.name) for f in dataclasses.fields(A)}
         rows, kept = A.values.shape
-        mt, kt = ceil_div(rows, 16), tile_steps(cls._matrix_cols(A))
+        mt, kt = cls._tile_grid(rows, kept)
         v = F.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
         fields["values"] = v.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5).reshape(mt * kt, 256).contiguous()
         return cls(**fields)
@@ -247,18 +262,15 @@ class _TileOrder:
 
     def _rows(self, values: torch.Tensor) -> torch.Tensor:
         """Values in this layout -> the canonical format's."""
-        rows, kept = self._rows_shape()
+        rows, kept = self._values_shape()
         return self._all_rows(values)[:rows, :kept].contiguous()
 
-    def _check_static(self) -> None:  # the canonical format's static fields, before any arithmetic on them
-        raise NotImplementedError
-
     def _validate(self) -> None:
-        self._check_static()
+        self._check_static()  # (before any arithmetic on the static fields)
         check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=(self.tiles * self.k_steps, 256))
         if self.values.data_ptr() % 16:
             raise ValueError("values must start 16-byte aligned: the kernels read them in place, 16 bytes at a time")
-        rows, kept = self._rows_shape()
+        rows, kept = self._values_shape()
         full = self._all_rows(self.values)
         if bool(full[rows:].ne(0).any() or full[:, kept:].ne(0).any()):
             raise ValueError("values stored in the tile padding (past the matrix) must be zero")
@@ -291,15 +303,8 @@ class PackedNM(_TileOrder, NM):
     def from_dense(cls, w: torch.Tensor, n: int = 2, m: int = 4) -> "PackedNM":
         return cls.pack(NM.from_dense(w, n, m))
 
-    def _rows_shape(self) -> tuple[int, int]:
-        return self.shape[0], self.groups * self.n
-
-    def _matrix_cols(self) -> int:
-        return self.shape[1]
-
     def _check_static(self) -> None:
-        check_shape(self.shape)
-        _check_nm(self.n, self.m)
+        NM._check_static(self)
         if (self.n, self.m) != (2, 4):
             raise ValueError(f"PackedNM holds 2:4 weights, got {self.n}:{self.m}")
 
@@ -383,13 +388,19 @@ class VNM(SparseFormat):
     def col_blocks(self) -> int:
         return ceil_div(self.shape[1], self.m)
 
-    def _validate(self) -> None:
-        rows, cols = self.shape
+    def _check_static(self) -> None:
         check_block_size("v", self.v)
         _check_vnm_m(self.m)
+
+    def _values_shape(self) -> tuple[int, int]:
+        return self.row_blocks * self.v, self.col_blocks * 2
+
+    def _validate(self) -> None:
+        rows, cols = self.shape
+        self._check_static()
         dev = self.values.device
         rb, cb = self.row_blocks, self.col_blocks
-        check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=(rb * self.v, cb * 2))
+        check_tensor("values", self.values, dtypes=(self.values.dtype,), dim=2, shape=self._values_shape())
         positions = _check_codes("idx", self.idx, rb * self.v, cb * 2, 2, dev)
         check_tensor("cols", self.cols, dtypes=POSITION, dim=3, shape=(rb, cb, 4), device=dev)
         _check_positions("cols", self.cols, self.m, 4)
@@ -438,17 +449,6 @@ class PackedVNM(_TileOrder, VNM):
     @classmethod
     def from_dense(cls, w: torch.Tensor, v: int = 64, m: int = 8) -> "PackedVNM":
         return cls.pack(VNM.from_dense(w, v, m))
-
-    def _rows_shape(self) -> tuple[int, int]:
-        return self.row_blocks * self.v, self.col_blocks * 2
-
-    def _matrix_cols(self) -> int:
-        return self.col_blocks * 4
-
-    def _check_static(self) -> None:
-        check_shape(self.shape)
-        check_block_size("v", self.v)
-        _check_vnm_m(self.m)
 
 
 def _check_nm(n, m) -> None:

@@ -16,23 +16,22 @@ _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
 PACKED_PADDING_MAX = 1.25  # stored values of a packed weight per kept value, past which it stays canonical
 
 
-def packed_layout(fmt: SparseFormat) -> SparseFormat | None:
+def packed_layout(fmt: SparseFormat, max_padding: float | None = None) -> SparseFormat | None:
     """A 2:4 NM or a V:N:M weight in the sparse tensor cores' tile order (PackedNM, PackedVNM),
     whose values the kernels read in place: the canonical format held them twice, its rows and
-    the kernels' packing. None for other formats."""
-    if type(fmt) is NM and fmt.signature == "2:4":
-        return PackedNM.pack(fmt)
-    return PackedVNM.pack(fmt) if type(fmt) is VNM else None
+    the kernels' packing. None for other formats, and where the tiles would store more than
+    `max_padding` values per canonical one."""
+    cls = PackedNM if type(fmt) is NM and fmt.signature == "2:4" else PackedVNM if type(fmt) is VNM else None
+    if cls is None or max_padding is not None and cls.stored_numel(fmt) > max_padding * max(fmt.values.numel(), 1):
+        return None
+    return cls.pack(fmt)
 
 
 def kernel_layout(fmt: SparseFormat) -> SparseFormat:
     """The format a pruned layer keeps: `packed_layout`'s where there is one, unless its tiles pad
     the values by more than a quarter (rows to 16, the 2:4 matrix's K to 128 columns: a 1x1
     convolution of 32 channels stores 4x), then the format as it is."""
-    packed = packed_layout(fmt)
-    if packed is None or packed.values.numel() > PACKED_PADDING_MAX * max(fmt.values.numel(), 1):
-        return fmt
-    return packed
+    return packed_layout(fmt, PACKED_PADDING_MAX) or fmt
 
 
 class SparseLinear(nn.Module):

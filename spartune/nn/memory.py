@@ -61,22 +61,24 @@ def pack_weights(model: nn.Module) -> nn.Module:
     layers built from a canonical format (a checkpoint saved before, a format given by hand). The
     values are then stored in the order the sparse tensor cores read them, so the kernels read the
     weight itself and the layer holds its kept values once instead of twice (the canonical rows
-    and the kernels' packing). Outputs, gradients and state_dict work as before (a state_dict then holds the
-    packed layout; `SparseLinear.from_state_dict` and `load_state_dict` take it). Like `.to()`,
-    each packed layer gets a new `weight_values` Parameter: make the optimizer afterwards."""
+    and the kernels' packing). Outputs, gradients and state_dict work as before (a state_dict then
+    holds the packed layout; `SparseLinear.from_state_dict` and `load_state_dict` take it). Like
+    `.to()`, each packed layer gets a new `weight_values` Parameter: make the optimizer afterwards;
+    tied layers stay tied."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"pack_weights takes an nn.Module, got {type(model).__name__}")
-    done: dict[int, SparseLinear] = {}  # a tied weight's Parameter -> the layer that packed it
+    # a tied weight's Parameter id -> (the Parameter, held so its id stays unique; the layer that packed it)
+    done: dict[int, tuple] = {}
     for module in model.modules():
         if not isinstance(module, SparseLinear):
             continue
         first = done.get(id(module.weight_values))
         if first is not None:  # tied to a layer packed already: tied to its packed weight
-            module._tie_to(first)
+            module._tie_to(first[1])
             continue
         packed = packed_layout(module.weight)
         if packed is not None:
-            done[id(module.weight_values)] = module
+            done[id(module.weight_values)] = (module.weight_values, module)
             with torch.no_grad():
                 module._adopt(packed, module.weight_values.requires_grad)
     return model

@@ -50,8 +50,7 @@ def pack_core_matrices(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.T
 def metadata_words(idx: torch.Tensor) -> torch.Tensor:
     """(M, K/2) positions -> the (M/16, K/32, 32) metadata words of `pack_compressed`, for values
     already in place (spmm_nm's PackedNM and PackedVNM)."""
-    pairs, mt, kt = _checked(idx, idx)
-    return _metadata(pairs, mt, kt)
+    return _metadata(*_pairs(idx))
 
 
 def _checked(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -59,10 +58,17 @@ def _checked(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, int
     if values.dim() != 2 or values.shape != idx.shape:
         raise ValueError(f"values and idx must be 2-D of one shape, "
                          f"got {tuple(values.shape)} and {tuple(idx.shape)}")
-    rows, kept = values.shape
+    return _pairs(idx)
+
+
+def _pairs(idx: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """`_checked`'s positions and tiles, from the positions alone."""
+    if idx.dim() != 2:
+        raise ValueError(f"idx must be 2-D (M, K/2), got {tuple(idx.shape)}")
+    rows, kept = idx.shape
     if rows % TILE_M or kept % (TILE_K // 2):
         raise ValueError(f"values must be (M, K/2) with M a multiple of {TILE_M} and K of {TILE_K}, "
-                         f"got {tuple(values.shape)}")
+                         f"got {tuple(idx.shape)}")
     pos = idx.to(torch.int64)
     if pos.numel() and bool(((pos < 0) | (pos > 3)).any()):
         raise ValueError("idx must hold positions 0..3")
