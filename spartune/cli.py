@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from .bench import suites
+from .tune.problem import MEMORY_POLICIES
 
 NO_REEXEC_ENV = "SPARTUNE_NO_REEXEC"
 E2E_DESCRIPTION = ("whole models, dense and sparse, eager and torch.compile: BERT-base, a Llama-7B decoder layer "
@@ -75,6 +76,9 @@ def _problem_args(p: argparse.ArgumentParser, *, suite_help: str, extra_suites=(
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--mode", choices=("fast", "model", "exhaustive"),
                    help="tuner mode (default: $SPARTUNE_MODE or fast)")
+    p.add_argument("--memory", choices=MEMORY_POLICIES,
+                   help="weight-memory policy: 'lean' keeps no dense or library copy of a sparse weight "
+                        "(dense, where it wins, decompresses per call) (default: $SPARTUNE_MEMORY or speed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar or counter")
 
@@ -153,6 +157,10 @@ def main(argv=None) -> int:
 
         rows = run_demo(args.rows, args.cols)
         return 0 if all(r["round_trip"] and r["linear_err"] < 1e-6 for r in rows) else 1
+    if getattr(args, "memory", None):
+        from . import dispatch
+
+        dispatch.set_memory_policy(args.memory)
     if args.command == "bench":
         return _bench(parser, args, argv)
     if args.command == "tune":

@@ -18,10 +18,11 @@ from .epilogue import apply_prologue
 from .formats import SparseFormat
 from .kernels import registry
 from .tune.device import INTERPRETER_DEVICE
-from .tune.problem import Epilogue, Problem
+from .tune.problem import MEMORY_POLICIES, Epilogue, Problem
 
 _tuner = None
 _mode = os.environ.get("SPARTUNE_MODE", "fast")
+_memory = None  # the weight-memory policy: SPARTUNE_MEMORY's, read at first use, or set_memory_policy's
 
 
 class Bindings:
@@ -103,9 +104,46 @@ def set_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _mode, _tuner = mode, None
-    for A in list(_states.keys()):  # their launches replayed from graphs: made again if chosen again
+    _forget()
+
+
+def _forget() -> list:
+    """Drop every weight's choices and graphed launches (made again if chosen again); returns
+    the weights."""
+    weights = list(_states.keys())
+    for A in weights:
         A.__dict__.pop(_GRAPHS_KEY, None)
     _states.clear()
+    return weights
+
+
+def memory_policy() -> str:
+    """The weight-memory policy calls are tuned under (see set_memory_policy)."""
+    global _memory
+    if _memory is None:
+        policy = os.environ.get("SPARTUNE_MEMORY", "speed")
+        if policy not in MEMORY_POLICIES:
+            raise ValueError(f"SPARTUNE_MEMORY must be one of {MEMORY_POLICIES}, got {policy!r}")
+        _memory = policy
+    return _memory
+
+
+def set_memory_policy(policy: str) -> None:
+    """'speed' (default): each call runs the fastest candidate, whatever copy of the weight it
+    keeps: where dense wins (a CSR weight at prefill), cuBLAS runs on a dense copy held for good,
+    and a library's conversion or a V:N:M weight's 2:4 copy may stay too. 'lean': a sparse weight
+    holds no more than its format and our kernels' layouts of it (each no larger than the
+    format); where dense still wins, it decompresses the weight into a transient buffer on each
+    call. For a model pruned to fit in memory. Forgets the choices of this process (as set_mode)
+    and drops the copies the new policy leaves out."""
+    global _memory
+    if policy not in MEMORY_POLICIES:
+        raise ValueError(f"memory policy must be one of {MEMORY_POLICIES}, got {policy!r}")
+    _memory = policy
+    for A in _forget():  # what the old choices kept: the next call tunes again and keeps what it reads
+        for family in registry.families("linear", A):
+            family.release_unused(A, ())
+        backends.release_unused(A, ())
 
 
 def device_name(device: torch.device) -> str:
@@ -125,7 +163,8 @@ def find_choice(A, n: int, dtype: str, op: str = "linear"):
 
 def linear_problem(A, n: int, dtype: str, layout: str = "linear") -> Problem:
     """The tuner's Problem for linear(x with n rows, A) without an epilogue."""
-    return Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device), layout)
+    return Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device), layout,
+                   memory=memory_policy())
 
 
 def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
@@ -220,7 +259,10 @@ def _bound(A0, family, config, bindings: Bindings | None = None):
 
 
 def _libraries(A) -> dict:
-    """The library backends for A by name (on the CPU, torch's dense product alone)."""
+    """The library backends for A by name (on the CPU, torch's dense product alone). Under the
+    lean memory policy, dense alone, on a transient decompression: the libraries keep copies."""
+    if memory_policy() == "lean":
+        return {"dense": backends.transient_dense_linear}
     return backends.library_backends(A) if A.device.type == "cuda" else {"dense": backends.dense_linear}
 
 
@@ -451,10 +493,14 @@ def _library_prior(problem: Problem, name: str, device) -> float:
     """A library backend's predicted seconds: cuBLAS's roofline for linear (other libraries
     taken 4x slower); for sddmm / softmax the dense product and a pass over its fp32 result."""
     from .tune.model import dense_gemm_seconds
+    from .tune.problem import ELEMENT_BYTES
 
     m, k, n = problem.m, problem.k, problem.n
     if problem.op == "linear":
-        return dense_gemm_seconds(m, k, n, problem.dtype, device, layout=problem.layout) * (1 if name == "dense" else 4)
+        gemm = dense_gemm_seconds(m, k, n, problem.dtype, device, layout=problem.layout) * (1 if name == "dense" else 4)
+        if problem.memory == "lean":  # the weight decompressed first: zeroed, then scattered into
+            gemm += 2 * m * k * ELEMENT_BYTES[problem.dtype] / device.dram_bw
+        return gemm
     dense_out = m * (k if problem.op == "sddmm" else n)
     return 2 * m * k * n / device.matrix_rate(problem.dtype) + 3 * dense_out * 4 / device.dram_bw
 
@@ -465,7 +511,8 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
     winner."""
     tuner = get_tuner()
     dtype_name = str(dtype).removeprefix("torch.")
-    problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout)
+    problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout,
+                      memory=memory_policy())
     tol = reference.tolerance(dtype_name)
     dense_err = []  # the dense library's own error on this input, measured when first needed
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from .dispatch import get_tuner, set_mode  # noqa: F401  (the tuner of this process)
+from .dispatch import get_tuner, memory_policy, set_memory_policy, set_mode  # noqa: F401  (the tuner of this process)
 from .epilogue import check_activation
 from .formats import CSR, BlockSparse, SparseFormat
 from .reference import TOLERANCE

@@ -15,9 +15,9 @@ from ..formats import NM, BlockSparse, SparseFormat
 from ._common import GraphReplay, direct_launches, replays_allowed
 from .cusparse import cusparse_linear
 from .cusparselt import cusparselt_linear, cusparselt_search_linear
-from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, value_order
+from .dense import dense_linear, dense_sddmm, dense_softmax, dense_weight, transient_dense_linear, value_order
 
-__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "release_unused", "dense_weight", "dense_linear", "cusparse_linear", "cusparselt_linear",
+__all__ = ["GraphReplay", "direct_launches", "replays_allowed", "library_backends", "release_unused", "dense_weight", "dense_linear", "transient_dense_linear", "cusparse_linear", "cusparselt_linear",
            "cusparselt_search_linear", "REPLAY_OWN_GRAPHS",
            "dense_sddmm", "dense_softmax", "value_order"]
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import reference
-from ..formats import SparseFormat
+from ..formats import CSR, SparseFormat
 from . import _common
 
 
@@ -16,16 +16,27 @@ def dense_weight(A: SparseFormat, keep: bool = True) -> torch.Tensor:
     keep=False: not memoised (another library's copy is made from it)."""
     if A.dtype == torch.float64:
         return A.to_dense()
-    return _common.cached(A, "dense", A.to_dense, keep=keep)
+    return _common.cached(A, "dense", lambda: _decompress(A), keep=keep)
 
 
-def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0):
-    """cuBLAS on the decompressed weight. Returns F.linear's own result when that is the whole
-    op (no copy into `out`); the bias rides in cuBLAS's epilogue, with a ReLU after it
-    (cuBLASLt's RELU_BIAS epilogue, through torch._addmm_activation; its GELU is tanh's on the GPU
-    and exact on the CPU, so GELU stays apart), a residual without a bias
-    as the GEMM's C; other epilogues run in place on the GEMM's output."""
-    w = dense_weight(A)
+def _decompress(A: SparseFormat) -> torch.Tensor:
+    """A.to_dense(); a CSR weight on the GPU in one pass of a kernel (kernels.densify: the lean
+    policy pays it on every call where dense wins)."""
+    if type(A) is CSR and A.device.type == "cuda":
+        from ..kernels.densify import csr_to_dense
+
+        return csr_to_dense(A)
+    return A.to_dense()
+
+
+def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0, keep=True):
+    """cuBLAS on the decompressed weight (keep=False: decompressed for this call only). Returns
+    F.linear's own result when that is the whole op (no copy into `out`); the bias rides in
+    cuBLAS's epilogue, with a ReLU after it (cuBLASLt's RELU_BIAS epilogue, through
+    torch._addmm_activation; its GELU is tanh's on the GPU and exact on the CPU, so GELU stays
+    apart), a residual without a bias as the GEMM's C; other epilogues run in place on the
+    GEMM's output."""
+    w = dense_weight(A, keep)
     plain = scale == 1.0 and out.dtype == x.dtype
     b = None if bias is None else bias.to(w.dtype)
     if plain and activation is None and residual is None:
@@ -38,6 +49,12 @@ def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=
     if plain:  # F.linear's own output, finished in place
         return _common.activate_and_add_(F.linear(x, w, b), activation, residual)
     return _common.finish(F.linear(x, w), out, bias, activation, residual, scale)
+
+
+def transient_dense_linear(A, x, out, **epilogue):
+    """dense_linear without a dense copy kept: the weight decompressed on each call into memory
+    the caching allocator hands to the next layer's (the lean memory policy's dense)."""
+    return dense_linear(A, x, out, keep=False, **epilogue)
 
 
 def dense_sddmm(a, b, pattern, scale):

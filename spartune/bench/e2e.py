@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .. import dispatch
 from ..nn import resident_bytes, sparsify
 from ..tune.measure import capture_stream
 from . import bert, models
@@ -272,7 +273,8 @@ def run(workloads=WORKLOADS, pts=None, *, dtype=torch.float16, device="cuda", co
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("the e2e suite was asked for CUDA but no CUDA device is available")
     doc = dict(kind="e2e", device=torch.cuda.get_device_name() if device == "cuda" else device,
-               torch=torch.__version__, dtype=str(dtype).split(".")[-1], compile=compile, rows=[])
+               torch=torch.__version__, dtype=str(dtype).split(".")[-1], compile=compile,
+               memory_policy=dispatch.memory_policy(), rows=[])
     deadline = time.perf_counter() + (math.inf if budget_s is None else budget_s)
     for w in workloads:
         if time.perf_counter() > deadline:

@@ -82,6 +82,7 @@ def run_timing(specs: list[Spec], options: Options, checkpoint=None, *, device: 
         ops.set_mode(options.mode)
     ops.get_tuner()  # its DB and calibration load now, not inside the first problem's tuning
     doc["options"]["mode"] = ops.get_tuner().mode
+    doc["options"]["memory"] = ops.memory_policy()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else spec_dev.l2_bytes
     gen = torch.Generator(device=device).manual_seed(options.seed)
     progress = Progress(len(specs), f"bench {options.suite or ''}".strip(), options.progress)

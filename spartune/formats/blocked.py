@@ -104,7 +104,7 @@ class BlockSparse(SparseFormat):
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         (rows, cols), (bm, bk) = self.shape, self.block
         tiles = torch.zeros(self.block_rows, self.block_cols, bm, bk, dtype=values.dtype, device=values.device)
-        tiles[unit_of_items(self.crow), self.col.long()] = values
+        tiles[unit_of_items(self.crow, self.col.numel()), self.col.long()] = values
         dense = tiles.transpose(1, 2).reshape(self.block_rows * bm, self.block_cols * bk)
         return dense[:rows, :cols].contiguous()
 

@@ -78,7 +78,7 @@ class CSR(SparseFormat):
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         rows, cols = self.shape
         out = torch.zeros(rows, cols, dtype=values.dtype, device=values.device)
-        out[unit_of_items(self.crow), self.col.long()] = values
+        out[unit_of_items(self.crow, self.col.numel()), self.col.long()] = values
         return out
 
     def _compute_stats(self) -> FormatStats:

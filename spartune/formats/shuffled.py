@@ -102,7 +102,7 @@ class ShuffledBlock(SparseFormat):
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         rows, cols = self.shape
         grouped = torch.zeros(self.groups, self.v, cols, dtype=values.dtype, device=values.device)
-        grouped[unit_of_items(self.crow), :, self.col.long()] = values.T
+        grouped[unit_of_items(self.crow, self.col.numel()), :, self.col.long()] = values.T
         out = torch.empty(rows, cols, dtype=values.dtype, device=values.device)
         out[self.perm.long()] = grouped.reshape(self.groups * self.v, cols)[:rows]
         return out

@@ -145,7 +145,9 @@ def space(problem: Problem) -> list[Config]:
     if vnm is None:
         return []
     mma = [c for c in _mma_space(problem, gather=True) if vnm[0] % c.bm == 0]
-    as_24 = [dataclasses.replace(c, as_24=True) for c in _wgmma_space(problem)] if vnm[1] % 4 == 0 else []
+    # as_24 keeps a 2:4 copy of the weight, twice its kept values: not under the lean memory policy
+    as_24 = [dataclasses.replace(c, as_24=True) for c in _wgmma_space(problem)] \
+        if vnm[1] % 4 == 0 and problem.memory != "lean" else []
     return mma + [c for c in _wgmma_space(problem, vnm[0]) if wgmma_boxes(c, vnm[0])] + as_24
 
 

@@ -11,6 +11,10 @@ from ..formats import FormatStats
 
 
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # by Problem.dtype
+# "speed": the fastest candidate, whatever copy of the weight it keeps (cuBLAS's dense copy, a
+# library's conversion); "lean": only candidates that read the weight as stored or from a layout
+# of our kernels no larger than it (dense then decompresses into a transient buffer each call)
+MEMORY_POLICIES = ("speed", "lean")
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,13 @@ class Problem:
     # Problem is made unless given: cuBLAS's speed and csr_smem's sums follow it, so a choice tuned
     # under one setting is not served under the other; False for other dtypes and ops
     fp16_reduction: bool | None = None
+    # the weight-memory policy the choice is made under (dispatch.set_memory_policy): "lean"
+    # leaves out every candidate that keeps a copy of the weight larger than its format
+    memory: str = "speed"
 
     def __post_init__(self):
+        if self.memory not in MEMORY_POLICIES:
+            raise ValueError(f"memory must be one of {MEMORY_POLICIES}, got {self.memory!r}")
         flag = self.fp16_reduction
         flag = fp16_reduction_allowed(self.dtype) if flag is None and self.op == "linear" else bool(flag)
         object.__setattr__(self, "fp16_reduction", flag and self.dtype == "float16")
@@ -71,6 +80,7 @@ class Problem:
             self.device,
             self.layout,
             self.fp16_reduction,
+            self.memory,
         )
 
 
@@ -93,7 +103,7 @@ def fp16_reduction_allowed(dtype) -> bool:
 
 # Problem.key()'s entries by position; stored keys of older versions end earlier (no layout, no
 # fp16_reduction), so readers of stored keys (`spartune info`) index by name, not from the end
-KEY_FIELDS = ("op", "fmt", "m", "k", "n", "dtype", "epilogue", "density", "items_cv", "device", "layout", "fp16_reduction")
+KEY_FIELDS = ("op", "fmt", "m", "k", "n", "dtype", "epilogue", "density", "items_cv", "device", "layout", "fp16_reduction", "memory")
 
 
 def n_bucket(n: int) -> int:
