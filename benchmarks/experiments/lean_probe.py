@@ -18,7 +18,7 @@ SHAPES = {"qkv": (4096, 4096), "7b_up": (11008, 4096), "7b_down": (4096, 11008)}
 dt = torch.float16
 res = {"device": torch.cuda.get_device_name(), "decompress": {}, "layers": {}}
 torch.manual_seed(0)
-for name, (m, k) in SHAPES.items():
+for name, (m, k) in (SHAPES if not os.environ.get("LAYERS_ONLY") else {}).items():
     w = torch.randn(m, k, device="cuda", dtype=dt)
     A = st.sparsify_weight(w, "csr", 0.9)
     assert torch.equal(csr_to_dense(A), A.to_dense())
@@ -54,6 +54,18 @@ for pattern, sparsity in (("csr", 0.9), ("64:2:8", None), ("2:4", None)):
                 row[f"n{n}"] = dict(us=cold_replay(lambda: layer(x)) * 1e6, pick=choice.backend if choice else None,
                                     dense_us=cold_replay(lambda: F.linear(x, lin.weight)) * 1e6)
         row["resident_mb"] = resident_bytes(layer) / 1e6
+
+        def size(obj):
+            if torch.is_tensor(obj):
+                return obj.untyped_storage().nbytes() if obj.layout == torch.strided else 0
+            if isinstance(obj, (tuple, list)):
+                return sum(size(o) for o in obj)
+            if isinstance(obj, dict):
+                return sum(size(o) for o in obj.values())
+            return sum(size(v) for v in vars(obj).values()) if type(obj).__module__.startswith("spartune") \
+                and hasattr(obj, "__dict__") else 0
+
+        row["memos_mb"] = {k2: size(v) / 1e6 for k2, v in vars(layer.weight).items() if size(v)}
         row["x_dense_memory"] = resident_bytes(layer) / dense_bytes
         res["layers"][f"{pattern}/{policy}"] = row
         print(pattern, policy, json.dumps(row), flush=True)

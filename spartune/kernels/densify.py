@@ -14,6 +14,7 @@ from ._common import LaunchCache, align16, launch_cached
 
 BLOCK_K = 1024  # dense columns zeroed per step
 BLOCK_NZ = 256  # nonzeros written per step
+NUM_WARPS = 4
 _launches = LaunchCache()
 
 
@@ -33,13 +34,13 @@ def _csr_densify_kernel(crow_ptr, col_ptr, val_ptr, out_ptr, K, BLOCK_K: tl.cons
         tl.store(base + c, tl.load(val_ptr + i, mask=inside), mask=inside)
 
 
-def csr_to_dense(A: CSR) -> torch.Tensor:
+def csr_to_dense(A: CSR, block_k: int = BLOCK_K, block_nz: int = BLOCK_NZ, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """A as a new dense (rows, cols) tensor, equal to A.to_dense()."""
     rows, cols = A.shape
     out = torch.empty(rows, cols, dtype=A.dtype, device=A.device)
     if rows and cols:
         args = (A.crow, A.col, A.values, out, cols)
-        key = (A.dtype, A.col.dtype, align16(A.values), cols % 16 == 0, cols == 1)
+        key = (A.dtype, A.col.dtype, align16(A.values), cols % 16 == 0, cols == 1, block_k, block_nz, num_warps)
         launch_cached(_launches, key, _csr_densify_kernel, (rows,), args,
-                      lambda: dict(BLOCK_K=BLOCK_K, BLOCK_NZ=BLOCK_NZ, num_warps=4))
+                      lambda: dict(BLOCK_K=block_k, BLOCK_NZ=block_nz, num_warps=num_warps))
     return out
