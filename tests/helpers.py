@@ -139,3 +139,29 @@ def check_bound_launch_with_outputs_held(bind, A, w, config, N, tol, calls=3):
         bound(x, out, None, None)
     for x, out in zip(xs, outs):
         assert not out.isnan().any() and rel_err(out, linear_reference(x, w)) <= tol, config
+
+
+class GatedMLP(torch.nn.Module):
+    """Llama's MLP, scaled down: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, d=256, hidden=704):
+        super().__init__()
+        self.gate = torch.nn.Linear(d, hidden, bias=False)
+        self.up = torch.nn.Linear(d, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, d, bias=True)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def gated_mlp_reference(model, x):
+    """A (pruned) GatedMLP in float64, its sparse weights densified."""
+    w = {name: m.weight.to_dense().double() for name, m in model.named_children()}
+    h = torch.nn.functional.silu(x.double() @ w["gate"].T) * (x.double() @ w["up"].T)
+    return h @ w["down"].T + model.down.bias.double()
+
+
+def finite_rel_err(y, ref):
+    """rel_err of an output that must be finite everywhere (an unwritten element usually is not)."""
+    assert torch.isfinite(y).all(), "an output element is not finite (unwritten?)"
+    return rel_err(y, ref)

@@ -3,10 +3,9 @@ its weights, at decode and at prefill (where dense may still win, on a transient
 eager and under CUDA graphs, against the float64 reference."""
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import spartune as st
+from helpers import GatedMLP, finite_rel_err as rel_err, gated_mlp_reference as reference
 from spartune import dispatch
 from spartune.nn import resident_bytes
 
@@ -15,27 +14,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_cache")]
 PATTERNS = [("csr", 0.9), ("64:2:8", None), ("2:4", None), ("block:64", 0.9)]
 TOL = 2e-2
 COPIES = ("_backend_", "_nm_as24_packed")  # a dense copy, a library's conversion, V:N:M's 2:4 copy
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, d=512, hidden=1408):
-        super().__init__()
-        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
-        self.down = nn.Linear(hidden, d, bias=True)
-
-    def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-def reference(model, x):
-    w = {name: m.weight.to_dense().double() for name, m in model.named_children()}
-    h = F.silu(x.double() @ w["gate"].T) * (x.double() @ w["up"].T)
-    return h @ w["down"].T + model.down.bias.double()
-
-
-def rel_err(y, ref):
-    assert torch.isfinite(y).all(), "an output element is not finite (unwritten?)"
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 @pytest.fixture
@@ -54,7 +32,7 @@ def copies(model):
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS)
 def test_lean_model_keeps_no_copy(lean, pattern, sparsity):
     torch.manual_seed(0)
-    model = GatedMLP().to("cuda", torch.float16).eval()
+    model = GatedMLP(512, 1408).to("cuda", torch.float16).eval()
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     st.sparsify(model, pattern, sparsity)
     with torch.no_grad():
@@ -71,7 +49,7 @@ def test_lean_model_keeps_no_copy(lean, pattern, sparsity):
 def test_lean_dense_under_cuda_graphs(lean):
     """Where dense wins (CSR at prefill), its per-call decompression is captured in the graph."""
     torch.manual_seed(1)
-    model = GatedMLP().to("cuda", torch.float16).eval()
+    model = GatedMLP(512, 1408).to("cuda", torch.float16).eval()
     st.sparsify(model, "csr", 0.5)  # half dense: cuBLAS wins at 2048 tokens
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():

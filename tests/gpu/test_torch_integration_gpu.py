@@ -7,36 +7,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import spartune as st
+from helpers import GatedMLP, finite_rel_err as rel_err, gated_mlp_reference as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_cache")]
 
 PATTERNS = [("block:64", 0.9), ("csr", 0.9), ("2:4", None)]
 DTYPES = [torch.float16, torch.bfloat16]
 TOL = 2e-2
-
-
-class GatedMLP(nn.Module):
-    """Llama's MLP, scaled down: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, d=256, hidden=704):
-        super().__init__()
-        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
-        self.down = nn.Linear(hidden, d, bias=True)
-
-    def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-def reference(model, x):
-    """The pruned model in float64 (its sparse weights densified)."""
-    w = {name: m.weight.to_dense().double() for name, m in model.named_children()}
-    h = F.silu(x.double() @ w["gate"].T) * (x.double() @ w["up"].T)
-    return h @ w["down"].T + model.down.bias.double()
-
-
-def rel_err(y, ref):
-    assert torch.isfinite(y).all(), "an output element is not finite (unwritten?)"
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def sparse_model(pattern, sparsity, dtype, seed=0):
