@@ -316,9 +316,10 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
                     expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
                     result=lambda y: y, layout=_layout(x))
     st.chosen[key] = choice
-    linear = [c for k, c in st.chosen.items() if k[0] not in VALUES_OPS]  # (sddmm / softmax keep theirs)
-    for family in registry.families("linear", A):
-        family.release_unused(A, [c.config for c in linear if c.backend == family.name])
+    linear = [c for k, c in st.chosen.items() if k[0] not in VALUES_OPS]
+    if len(linear) == len(st.chosen):  # (sddmm / softmax on this pattern may read a layout: kept then)
+        for family in registry.families("linear", A):
+            family.release_unused(A, [c.config for c in linear if c.backend == family.name])
     backends.release_unused(A, {c.backend for c in linear})
     launch = launcher(A, choice.backend, choice.config, st.bindings)
     family = registry.by_name(choice.backend)

@@ -50,6 +50,11 @@ def csr_bitmap(A: CSR) -> tuple[torch.Tensor, torch.Tensor]:
     return out
 
 
+def drop_csr_bitmap(A: CSR) -> None:
+    """Forget A's bitmap (built again on next use)."""
+    A.__dict__.pop(_BITMAP_KEY, None)
+
+
 # Triton's interpreter (CPU tests) has no popc; it runs the same arithmetic with a SWAR popcount.
 HW_POPC = not INTERPRETED
 

@@ -502,3 +502,16 @@ def test_spmm_row_t_token_counts(n, dtype):
     Y = torch.full((m, n), float("nan"), dtype=dtype)
     spmm_csr.launch(A, X.T, Y.T, spmm_csr.Config("row", 2, 16, 64))
     assert not Y.isnan().any() and rel_err(Y, ref.spmm(A, X)) <= TOL[dtype]
+
+
+def test_release_unused_drops_the_layouts_no_chosen_config_reads():
+    """The tuner's measurements build the banded ELL copy and the bitmap; each stays only while a
+    chosen config's path reads it (the bitmap was kept for good before session 31)."""
+    from spartune.kernels._ell import banded_ell
+
+    A = st.sparsify_weight(torch.randn(64, 96), "csr", 0.8)
+    for keep_path, kept in (("ell", {"_spartune_banded_ell"}), ("dense", {"_spartune_csr_bitmap"}),
+                            ("expand", {"_spartune_csr_bitmap"}), ("row", set())):
+        banded_ell(A), spmm_csr.csr_bitmap(A)
+        spmm_csr.release_unused(A, [spmm_csr.Config(keep_path, 16, 16, 32)])
+        assert {k for k in ("_spartune_banded_ell", "_spartune_csr_bitmap") if k in A.__dict__} == kept, keep_path

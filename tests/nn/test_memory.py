@@ -62,3 +62,18 @@ def test_refuses_what_is_not_a_module():
 
     with pytest.raises(TypeError, match="takes an nn.Module"):
         resident_bytes(st.sparsify_weight(torch.randn(8, 8), "csr", 0.5))
+
+
+def test_a_layout_an_sddmm_on_the_same_pattern_may_read_is_kept():
+    """A linear call tuned after an sddmm choice on the same CSR releases none of its layouts
+    (the bitmap serves both ops); without one, the unread bitmap goes."""
+    from spartune import dispatch
+    from spartune.kernels import _bitmap
+
+    for with_sddmm in (True, False):
+        A = st.sparsify_weight(torch.randn(64, 96), "csr", 0.8)
+        _bitmap.csr_bitmap(A)
+        if with_sddmm:
+            dispatch.state(A, lambda A: None).chosen[("sddmm", "a choice")] = object()
+        st.linear(torch.randn(3, 96), A)
+        assert ("_spartune_csr_bitmap" in A.__dict__) == with_sddmm

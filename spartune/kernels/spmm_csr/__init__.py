@@ -56,7 +56,7 @@ from __future__ import annotations
 import torch
 
 from ...formats import CSR
-from .._bitmap import csr_bitmap
+from .._bitmap import csr_bitmap, drop_csr_bitmap
 from .._ell import drop_banded_ell
 from .._epilogue import ACTIVATION_CODES
 from .configs import PATHS, Config, features, space
@@ -94,9 +94,12 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
 
 def release_unused(A: CSR, configs) -> None:
     """The tuner's measurements of the ell path build A's banded ELL copy, a second copy of the
-    weight: dropped unless one of the configs chosen for A (`configs`) runs on it."""
+    weight, and those of the dense and expand paths its bitmap (0.6x of a 90% CSR's bytes): each
+    dropped unless one of the configs chosen for A (`configs`) runs on it."""
     if not any(c.path == "ell" for c in configs):
         drop_banded_ell(A)
+    if not any(c.path in ("dense", "expand") for c in configs):
+        drop_csr_bitmap(A)
 
 
 __all__ = ["Config", "PATHS", "csr_bitmap", "features", "launch", "release_unused", "space"]
