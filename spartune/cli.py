@@ -401,7 +401,7 @@ def _info(args) -> int:
     from .tune.db import default_path
 
     info = {"device": device_info(), "versions": versions(), "tuner_mode": os.environ.get("SPARTUNE_MODE", "fast"),
-            "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
+            "memory_policy": os.environ.get("SPARTUNE_MEMORY", "speed"), "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
     if info["device"]["cuda"]:
         from .tune.device import device_name
 
@@ -418,7 +418,7 @@ def _info(args) -> int:
     print(f"device       {dev}")
     print(f"versions     python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), triton {v['triton']}, "
           f"numpy {v['numpy']}, matplotlib {v['matplotlib']}")
-    print(f"tuner        mode {info['tuner_mode']} ($SPARTUNE_MODE)")
+    print(f"tuner        mode {info['tuner_mode']} ($SPARTUNE_MODE), memory {info['memory_policy']} ($SPARTUNE_MEMORY)")
     print(f"tuning DB    {db['path']}" + ("" if info["cache_dir_env"] else " ($SPARTUNE_CACHE_DIR moves it)"))
     if not db["exists"]:
         print("             empty: nothing tuned yet (the first call of each problem tunes it)")

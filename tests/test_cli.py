@@ -147,7 +147,7 @@ def test_info(capsys, monkeypatch, tmp_path):
     assert "calibration  GPU sm_90" in out and "750 TFLOP/s" in out
     assert main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert {"device", "versions", "db", "tuner_mode"} <= set(info)
+    assert {"device", "versions", "db", "tuner_mode", "memory_policy"} <= set(info)
     assert info["db"]["best"] == 1 and info["db"]["best_by_backend"] == {"blocked": 1}
 
     monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(tmp_path / "both"))
@@ -198,3 +198,16 @@ def test_parser_builds_without_torch_work():
     parser = build_parser()
     args = parser.parse_args(["bench", "--shape", "1,2,3", "--pattern", "block:64", "--density", "0.25"])
     assert args.shape == [(1, 2, 3)] and args.pattern == ["block:64x64"] and args.density == [0.25]
+
+
+def test_memory_flag_sets_the_policy(monkeypatch):
+    from spartune import dispatch
+
+    monkeypatch.setattr(dispatch, "_memory", dispatch._memory)
+    assert build_parser().parse_args(["bench", "--memory", "lean"]).memory == "lean"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--memory", "tiny"])
+    with pytest.raises(SystemExit):  # tune without problems: refused, after the policy is set
+        main(["tune", "--memory", "lean"])
+    assert dispatch.memory_policy() == "lean"
+    dispatch.set_memory_policy("speed")
