@@ -23,9 +23,6 @@ cases = [
     (K.Config(128, 256, 12, variant="wgmma", stages=4), 0),
     (K.Config(256, 128, 12, variant="wgmma", stages=4, cluster_m=2), 0),
     (K.Config(128, 128, 12, variant="wgmma", stages=4), 1), (K.Config(128, 128, 12, variant="wgmma", stages=3), 2),
-    (K.Config(128, 256, 12, variant="wgmma", stages=4, gather_tma=True), 1),
-    (K.Config(128, 256, 12, variant="wgmma", stages=3, gather_tma=True), 2),
-    (K.Config(128, 64, 12, variant="wgmma", stages=4, gather_tma=True), 1),
 ]
 if len(sys.argv) > 1:
     cases = cases[: int(sys.argv[1])]

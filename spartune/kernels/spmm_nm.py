@@ -69,9 +69,6 @@ class Config:
     # once per CTA, each chunk's kept columns read from there (GATHER 3) instead of from an x^T
     # copy, a second launch that costs a fifth of a decode call (LOG, session 17)
     x_whole: bool = False
-    # wgmma, V:N:M: the kept columns' rows of x^T gathered by the tensor copy engine, a box of 64
-    # tokens x 1 row each (swizzled by its address), instead of 16-byte cp.async copies
-    gather_tma: bool = False
 
 
 # Sparse tensor-core peaks measured on the H100 (PERF-NOTES.md), dense-equivalent TFLOP/s, and
@@ -540,8 +537,8 @@ def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0,
         residual = {"SPARTUNE_RES": 1} if res else {}
         return cuda.instance("spmm_nm_wgmma.cu", "spmm_nm_wgmma", {
             "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
-            "STAGES": config.stages, "GATHER": gather, "SPARTUNE_ACT": act, **cluster, **residual,
-            **({"GATHER_TMA": 1} if config.gather_tma and gather else {})}, arch_specific=True)
+            "STAGES": config.stages, "GATHER": gather, "SPARTUNE_ACT": act, **cluster, **residual},
+            arch_specific=True)
     cluster = {"CLUSTER_M": config.cluster_m} if config.cluster_m > 1 else {}
     return cuda.instance("spmm_nm.cu", "spmm_nm", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BM": config.bm, "BN": config.bn,
@@ -688,9 +685,7 @@ def _bind_wgmma(A, x, out, config: Config, epilogue: tuple, as_24: bool = False)
         out_map = cuda.tensor_map_2d(out, 64, epi_tokens) if tma_out else _NO_TENSOR_MAP
         res_map = cuda.tensor_map_2d(residual, 64, epi_tokens) if tma_res else _NO_TENSOR_MAP
         if vnm:
-            xt = _tokens_major(x, in_place)
-            xt_map = cuda.tensor_map_2d(xt, 64, 1) if config.gather_tma else _NO_TENSOR_MAP
-            prepared(xt_map, xt, out_map, res_map, out, bias, residual)
+            prepared(_NO_TENSOR_MAP, _tokens_major(x, in_place), out_map, res_map, out, bias, residual)
         else:
             x_map = cuda.tensor_map_2d(x.contiguous() if x_copied else x, WGMMA_BK, box_rows)
             prepared(x_map, None, out_map, res_map, out, bias, residual)

@@ -48,12 +48,6 @@
 #ifndef CLUSTER_M
 #define CLUSTER_M 1
 #endif
-// V:N:M: 1 gathers each kept column's row of tokens by the tensor copy engine instead (x_map: x^T
-// in boxes of 64 tokens x 1 row, 128-byte swizzle applied by the row's shared-memory address),
-// a box per 64 tokens of a row, issued by the whole producer warpgroup; 0 by cp.async
-#ifndef GATHER_TMA
-#define GATHER_TMA 0
-#endif
 
 constexpr int KS = 2;                       // 32-wide K steps (one wgmma each) per stage
 constexpr int BK = 32 * KS;                 // K per stage: 64 halves, one swizzled row of x
@@ -92,7 +86,6 @@ static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256");
 static_assert(WM * ACC <= 128, "a consumer holds at most 128 accumulators per thread");
 static_assert(GATHER >= 0 && GATHER <= 2, "GATHER: 0 (2:4), 1 or 2 boxes of x per stage");
 static_assert(CLUSTER_M == 1 || ((CLUSTER_M == 2 || CLUSTER_M == 4) && !GATHER), "CLUSTER_M: 1, or 2 or 4 for 2:4");
-static_assert(!GATHER_TMA || GATHER, "GATHER_TMA is a V:N:M gather");
 constexpr int BOX_N = BN / CLUSTER_M;  // tokens of the x box each CTA of a cluster loads and multicasts
 
 // CUtensorMap's layout (cuda.h): 128 opaque bytes, 64-byte aligned.
@@ -201,8 +194,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      // V:N:M: each producer thread's cp.async (+ thread 0's TMA), or its TMA boxes' expected bytes
-      spartune::mbar_init(&full[s], GATHER_TMA ? 128 : GATHER ? 129 : 1);
+      spartune::mbar_init(&full[s], GATHER ? 129 : 1);  // V:N:M: + each producer thread's cp.async
       spartune::mbar_init(&empty[s], 8 * CLUSTER_M);  // each consumer warp of the cluster frees the stage
     }
     for (int b = 0; b < 2; ++b) spartune::mbar_init(&res_full[b], 1);
@@ -217,46 +209,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     spartune::tma_load_3d(e_tiles + s * (E_STAGE / 4), &e_map, 0, mb * T, ks * KS, &full[s]);
   };
   if (threadIdx.x < 128) {  // producer warpgroup
-#if GATHER_TMA
-    spartune::setmaxnreg_dec<56>();
-    // thread p: row p % BK of the stage's kept columns, its (box, 64-token chunk) pairs p / BK,
-    // p / BK + 2, ...; a row past the map reads row -1 (out of bounds: zeros), tokens past x^T's
-    // width zeros. Each thread expects its own boxes' bytes before issuing them (thread 0 also
-    // A's and the metadata's), so the stage completes when all 128 have arrived and landed.
-    constexpr int CH = BN / 64, PAIRS = BOXES * CH, MINE = (PAIRS + 1) / 2;
-    const int p = threadIdx.x, row = p % BK, first = p / BK;
-    const unsigned bytes = (PAIRS - first + 1) / 2 * 128u + (p == 0 ? STAGE_TX : 0u);
-    for (int u = cid, it = 0; u < units; u += clusters, it += k_stages) {
-      int mb, n0;
-      tile_of(u, mb, n0);
-      const int* cols[BOXES];
-      int next[BOXES];
-#pragma unroll
-      for (int b = 0; b < BOXES; ++b) {
-        cols[b] = col_map + (size_t)((mb * BM + b * (BM / 2)) / v_rows) * k_stages * BK + row;
-        next[b] = __ldg(cols[b]);
-      }
-      for (int ks = 0; ks < k_stages; ++ks) {
-        const int s = (it + ks) % STAGES;
-        int col[BOXES];
-#pragma unroll
-        for (int b = 0; b < BOXES; ++b) {
-          col[b] = next[b];
-          if (ks + 1 < k_stages) next[b] = __ldg(cols[b] + (ks + 1) * BK);  // under the wait
-        }
-        spartune::mbar_wait(&empty[s], (((it + ks) / STAGES) & 1) ^ 1);
-        spartune::mbar_arrive_expect_tx(&full[s], bytes);
-        if (p == 0) copy_a(mb, ks, s);
-        unsigned char* stage = b_tiles + s * BOXES * B_STAGE + row / 8 * MN_SBO + row % 8 * 128;
-#pragma unroll
-        for (int j = 0; j < MINE; ++j) {
-          const int q = first + 2 * j, b = q / CH, c = q % CH;
-          if (q < PAIRS)
-            spartune::tma_load_2d(stage + b * B_STAGE + c * MN_LBO, &x_map, n0 + c * 64, col[b], &full[s]);
-        }
-      }
-    }
-#elif GATHER
+#if GATHER
     spartune::setmaxnreg_dec<56>();
     // thread p copies chunk p % CHUNKS (8 tokens) of rows p / CHUNKS + j * ROWS_STEP of each box.
     // A warp's rows (RW per box, RPW per step) have their byte offsets in x^T (column x pitch;
@@ -380,7 +333,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(384, 1)
     for (int p = 0; p < 2; ++p) {  // set p holds stage ks + p
       const int kp = ks + p, s = (base + kp) % STAGES;
       spartune::mbar_wait(&full[s], ((base + kp) / STAGES) & 1);
-      if (GATHER && !GATHER_TMA) spartune::fence_proxy_async();  // the gathered x was written by cp.async
+      if (GATHER) spartune::fence_proxy_async();  // the gathered x was written by cp.async
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
