@@ -77,8 +77,9 @@ def _problem_args(p: argparse.ArgumentParser, *, suite_help: str, extra_suites=(
     p.add_argument("--mode", choices=("fast", "model", "exhaustive"),
                    help="tuner mode (default: $SPARTUNE_MODE or fast)")
     p.add_argument("--memory", choices=MEMORY_POLICIES,
-                   help="weight-memory policy: 'lean' keeps no dense or library copy of a sparse weight "
-                        "(dense, where it wins, decompresses per call) (default: $SPARTUNE_MEMORY or speed)")
+                   help="weight-memory policy: 'lean' keeps no dense copy, library conversion or V:N:M 2:4 copy "
+                        "of a sparse weight (dense, where it wins, decompresses per call) "
+                        "(default: $SPARTUNE_MEMORY or speed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar or counter")
 
@@ -394,6 +395,15 @@ def db_summary(path: Path) -> dict:
     return out
 
 
+def _memory_policy_shown() -> str:
+    from . import dispatch
+
+    try:
+        return dispatch.memory_policy()
+    except ValueError as e:  # a bad $SPARTUNE_MEMORY: info shows why instead of failing
+        return f"invalid: {e}"
+
+
 def _info(args) -> int:
     import datetime
 
@@ -401,7 +411,7 @@ def _info(args) -> int:
     from .tune.db import default_path
 
     info = {"device": device_info(), "versions": versions(), "tuner_mode": os.environ.get("SPARTUNE_MODE", "fast"),
-            "memory_policy": os.environ.get("SPARTUNE_MEMORY", "speed"), "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
+            "memory_policy": _memory_policy_shown(), "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
     if info["device"]["cuda"]:
         from .tune.device import device_name
 

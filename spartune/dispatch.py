@@ -8,6 +8,7 @@ A tuning-DB hit rebuilds the stored Config directly: no config space is ranked.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 
@@ -107,14 +108,11 @@ def set_mode(mode: str) -> None:
     _forget()
 
 
-def _forget() -> list:
-    """Drop every weight's choices and graphed launches (made again if chosen again); returns
-    the weights."""
-    weights = list(_states.keys())
-    for A in weights:
+def _forget() -> None:
+    """Drop every weight's choices and graphed launches (made again if chosen again)."""
+    for A in list(_states.keys()):
         A.__dict__.pop(_GRAPHS_KEY, None)
     _states.clear()
-    return weights
 
 
 def memory_policy() -> str:
@@ -130,20 +128,29 @@ def memory_policy() -> str:
 
 def set_memory_policy(policy: str) -> None:
     """'speed' (default): each call runs the fastest candidate, whatever copy of the weight it
-    keeps: where dense wins (a CSR weight at prefill), cuBLAS runs on a dense copy held for good,
-    and a library's conversion or a V:N:M weight's 2:4 copy may stay too. 'lean': a sparse weight
-    holds no more than its format and our kernels' layouts of it (each no larger than the
-    format); where dense still wins, it decompresses the weight into a transient buffer on each
-    call. For a model pruned to fit in memory. Forgets the choices of this process (as set_mode)
-    and drops the copies the new policy leaves out."""
+    keeps: where dense wins (a CSR weight at prefill), cuBLAS runs on a dense copy held for good;
+    a library's conversion (cuSPARSE, cuSPARSELt) or a V:N:M weight's 2:4 copy may stay too.
+    'lean': none of those; a sparse weight holds its format and our kernels' own layouts of it
+    (each about the format's size), and where dense still wins it decompresses the weight on
+    each call into memory the next layer reuses; torch.compile then runs sibling layers apart
+    (their merged stack would be a second copy). For a model pruned to fit in memory.
+    A change forgets the choices of this process (as set_mode) and, to lean, drops the copies
+    lean leaves out. Set it before compiling or capturing CUDA graphs: a graph captured before a
+    change to lean may read a dropped copy (capture again)."""
     global _memory
     if policy not in MEMORY_POLICIES:
         raise ValueError(f"memory policy must be one of {MEMORY_POLICIES}, got {policy!r}")
+    if policy == memory_policy():
+        return
     _memory = policy
-    for A in _forget():  # what the old choices kept: the next call tunes again and keeps what it reads
-        for family in registry.families("linear", A):
-            family.release_unused(A, ())
-        backends.release_unused(A, ())
+    # the choices lean allows too (our kernels, not as_24): their layouts stay
+    kept = {A: [(k, c) for k, c in st.chosen.items()
+                if registry.by_name(c.backend) is not None and not getattr(c.config, "as_24", False)]
+            for A, st in list(_states.items())}
+    _forget()
+    if policy == "lean":
+        for A, chosen in kept.items():
+            _release(A, chosen)
 
 
 def device_name(device: torch.device) -> str:
@@ -163,8 +170,14 @@ def find_choice(A, n: int, dtype: str, op: str = "linear"):
 
 def linear_problem(A, n: int, dtype: str, layout: str = "linear") -> Problem:
     """The tuner's Problem for linear(x with n rows, A) without an epilogue."""
-    return Problem("linear", A.signature, *A.shape, n, dtype, A.stats(), Epilogue(), device_name(A.device), layout,
-                   memory=memory_policy())
+    return problem_of("linear", A, A.shape[1], n, dtype, Epilogue(), layout)
+
+
+def problem_of(op: str, A, k: int, n: int, dtype: str, epilogue: Epilogue, layout: str = "linear") -> Problem:
+    """The tuner's Problem for `op` on A under this process's settings (the memory policy for
+    linear; sddmm's and softmax's candidates keep no copy under either policy)."""
+    return Problem(op, A.signature, A.shape[0], k, n, dtype, A.stats(), epilogue, device_name(A.device), layout,
+                   memory=memory_policy() if op == "linear" else "speed")
 
 
 def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
@@ -181,7 +194,9 @@ def predicted_speedup(A, n: int, dtype=None) -> tuple[float, str]:
     for c in candidates(problem, ours, {"dense": None}, device=tuner.device):
         times[c.backend] = min(tuner.predicted(c, dtype), times.get(c.backend, float("inf")))
     best = min(times, key=times.get)
-    return times["dense"] / times[best], best
+    # against the dense layer as the user's model runs it (under lean, dense decompresses per call)
+    dense = _library_prior(dataclasses.replace(problem, memory="speed"), "dense", tuner.device)
+    return dense / times[best], best
 
 
 # --- linear and spmm ---------------------------------------------------------------------------
@@ -316,11 +331,7 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
                     expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
                     result=lambda y: y, layout=_layout(x))
     st.chosen[key] = choice
-    linear = [c for k, c in st.chosen.items() if k[0] not in VALUES_OPS]
-    if len(linear) == len(st.chosen):  # (sddmm / softmax on this pattern may read a layout: kept then)
-        for family in registry.families("linear", A):
-            family.release_unused(A, [c.config for c in linear if c.backend == family.name])
-    backends.release_unused(A, {c.backend for c in linear})
+    _release(A, st.chosen.items())
     launch = launcher(A, choice.backend, choice.config, st.bindings)
     family = registry.by_name(choice.backend)
     # Triton's launch from Python costs more host time than a decode kernel runs: replay those
@@ -332,6 +343,19 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
         launch = _graphed(launch, (key, choice.backend, choice.config))
     st.launchers[key] = launch
     return launch
+
+
+def _release(A, chosen) -> None:
+    """Drop A's layouts and library copies that no choice in `chosen` ((call key, Choice) pairs)
+    reads. Each linear family is given its own chosen configs and those of sddmm / softmax on
+    the same pattern (a layout both ops read, CSR's bitmap, stays while either does); under the
+    lean policy no library copy stays (its dense decompresses per call)."""
+    chosen = list(chosen)
+    linear = [c for k, c in chosen if k[0] not in VALUES_OPS]
+    values = [c.config for k, c in chosen if k[0] in VALUES_OPS and c.config is not None]
+    for family in registry.families("linear", A):
+        family.release_unused(A, [c.config for c in linear if c.backend == family.name] + values)
+    backends.release_unused(A, {c.backend for c in linear} if memory_policy() == "speed" else ())
 
 
 def _prologue_name(prologue) -> str | None:
@@ -512,8 +536,7 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
     winner."""
     tuner = get_tuner()
     dtype_name = str(dtype).removeprefix("torch.")
-    problem = Problem(op, A.signature, A.shape[0], k, n, dtype_name, A.stats(), epilogue, device_name(A.device), layout,
-                      memory=memory_policy())
+    problem = problem_of(op, A, k, n, dtype_name, epilogue, layout)
     tol = reference.tolerance(dtype_name)
     dense_err = []  # the dense library's own error on this input, measured when first needed
 

@@ -330,6 +330,12 @@ def _views_keep_columns(user, width: int) -> bool:
     return False
 
 
+def _memory_policy() -> str:
+    from .dispatch import memory_policy
+
+    return memory_policy()
+
+
 @functools.lru_cache(maxsize=None)
 def _pass_type():
     from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -341,7 +347,8 @@ def _pass_type():
             self.then = list(then) if isinstance(then, (list, tuple)) else [] if then is None else [then]
 
         def __call__(self, graph: torch.fx.Graph) -> None:
-            merge_siblings(graph)
+            if _memory_policy() != "lean":  # a stack is a second copy of the merged weights
+                merge_siblings(graph)
             fuse_epilogues(graph)
             fuse_prologues(graph)
             for other in self.then:
@@ -353,7 +360,7 @@ def _pass_type():
             theirs = [getattr(other, "uuid", lambda: None)() for other in self.then]
             if any(u is None for u in theirs):
                 return None
-            return (hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), *theirs)
+            return (hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), _memory_policy(), *theirs)
 
     # a module-level name, so Inductor can pickle it into its cache keys
     EpilogueFusion.__qualname__ = "EpilogueFusion"

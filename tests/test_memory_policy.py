@@ -9,7 +9,7 @@ import torch
 import spartune as st
 from spartune import dispatch, ops
 from spartune.backends import dense_linear, transient_dense_linear
-from spartune.kernels import spmm_nm
+from spartune.kernels import spmm_csr, spmm_nm
 from spartune.tune.problem import KEY_FIELDS, Problem
 
 HOPPER = "NVIDIA H100 80GB HBM3 sm_90"
@@ -98,17 +98,59 @@ def test_lean_leaves_out_the_vnm_2to4_copy(pattern):
     assert small == [c for c in fast if not c.as_24]  # nothing else changes
 
 
-def test_switching_policy_forgets_choices_and_drops_layouts(policy):
+def test_switching_to_lean_forgets_choices_and_drops_only_the_copies(policy):
+    """To lean: every choice forgotten, the library copies dropped, our kernels' layouts kept
+    (a CUDA graph captured before may read them); the same policy again changes nothing."""
+    from spartune.kernels._ell import banded_ell
+    from spartune.tune.tuner import Choice
+
     A = _csr()
     st.set_memory_policy("speed")
     _check_linear(A)
     A.__dict__["_backend_cusparse"] = (A.values._version, "a library's copy")  # as the GPU's tuner leaves it
-    assert dispatch._states.get(A) is not None
+    banded_ell(A)  # a layout of an ell pick
+    dispatch.state(A, None).chosen[(99,)] = Choice("csr", spmm_csr.Config("ell", 16, 16, 32), None, None)
+    st.set_memory_policy("speed")  # unchanged: nothing forgotten or dropped
+    assert dispatch._states.get(A) is not None and "_backend_dense" in A.__dict__
     st.set_memory_policy("lean")
     assert dispatch._states.get(A) is None
     assert not [k for k in A.__dict__ if k.startswith("_backend_")]
+    assert "_spartune_banded_ell" in A.__dict__  # lean allows the ell pick: its layout stays
     assert ops.memory_policy() == "lean"
     _check_linear(A)
+    st.set_memory_policy("speed")  # back: forgets, drops nothing
+    assert dispatch._states.get(A) is None
+
+
+def test_lean_never_reuses_a_dense_copy_left_by_speed(policy):
+    """A weight whose choices were forgotten before the switch (set_mode) keeps no dense copy
+    once lean tunes it, and lean's dense decompresses (never reads the copy)."""
+    A = _csr()
+    st.set_memory_policy("speed")
+    _check_linear(A)
+    assert "_backend_dense" in A.__dict__
+    ops.set_mode(dispatch._mode)  # forgets the weight: the switch below cannot reach it
+    st.set_memory_policy("lean")
+    assert "_backend_dense" in A.__dict__
+    A.__dict__["_backend_dense"] = (A.values._version, torch.zeros(A.shape))  # a stale copy lean must not read
+    _check_linear(A)  # right only if dense decompressed
+    assert "_backend_dense" not in A.__dict__
+
+
+def test_sddmm_and_softmax_problems_ignore_the_policy(policy):
+    st.set_memory_policy("lean")
+    A = _csr()
+    p = dispatch.problem_of("sddmm", A, 8, 16, "float16", dispatch.Epilogue())
+    assert p.memory == "speed" and dispatch.linear_problem(A, 4, "float16").memory == "lean"
+
+
+def test_dry_run_speedup_is_against_the_dense_layer_as_run(policy):
+    A = st.sparsify_weight(torch.randn(512, 512, dtype=torch.float16), "csr", 0.5)
+    st.set_memory_policy("speed")
+    speed = dispatch.predicted_speedup(A, 1)
+    st.set_memory_policy("lean")
+    lean = dispatch.predicted_speedup(A, 1)
+    assert lean[0] <= speed[0] * 1.0001  # lean never looks faster than dense than speed does
 
 
 def test_lean_choices_are_stored_apart(policy, tmp_path):

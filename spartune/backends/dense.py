@@ -13,15 +13,16 @@ from . import _common
 def dense_weight(A: SparseFormat, keep: bool = True) -> torch.Tensor:
     """The decompressed weight, memoised per values version; float64 (references, gradcheck,
     which perturbs values through `.data` without a version bump) is decompressed every call.
-    keep=False: not memoised (another library's copy is made from it)."""
+    keep=False: the memo if there is a current one, else made and not kept (another library's
+    copy is made from it)."""
     if A.dtype == torch.float64:
         return A.to_dense()
-    return _common.cached(A, "dense", lambda: _decompress(A), keep=keep)
+    return _common.cached(A, "dense", lambda: decompress(A), keep=keep)
 
 
-def _decompress(A: SparseFormat) -> torch.Tensor:
-    """A.to_dense(); a CSR weight on the GPU in one pass of a kernel (kernels.densify: the lean
-    policy pays it on every call where dense wins)."""
+def decompress(A: SparseFormat) -> torch.Tensor:
+    """A.to_dense(), made now: a CSR weight on the GPU in one pass of a kernel (kernels.densify:
+    the lean policy pays it on every call where dense wins)."""
     if type(A) is CSR and A.device.type == "cuda":
         from ..kernels.densify import csr_to_dense
 
@@ -30,13 +31,14 @@ def _decompress(A: SparseFormat) -> torch.Tensor:
 
 
 def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=1.0, keep=True):
-    """cuBLAS on the decompressed weight (keep=False: decompressed for this call only). Returns
+    """cuBLAS on the decompressed weight (keep=False: decompressed for this call, never a kept
+    copy, which the tuner would then time without the decompression). Returns
     F.linear's own result when that is the whole op (no copy into `out`); the bias rides in
     cuBLAS's epilogue, with a ReLU after it (cuBLASLt's RELU_BIAS epilogue, through
     torch._addmm_activation; its GELU is tanh's on the GPU and exact on the CPU, so GELU stays
     apart), a residual without a bias as the GEMM's C; other epilogues run in place on the
     GEMM's output."""
-    w = dense_weight(A, keep)
+    w = dense_weight(A) if keep else decompress(A)
     plain = scale == 1.0 and out.dtype == x.dtype
     b = None if bias is None else bias.to(w.dtype)
     if plain and activation is None and residual is None:

@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..formats import CSR
-from ..formats import PATTERN_CACHES
+from ..formats import PATTERN_CACHES, unit_of_items
 from ._common import INTERPRETED
 
 # ALU work of the dense path's expansion per dense element of a tile, in flop-equivalents
@@ -34,8 +34,7 @@ def csr_bitmap(A: CSR) -> tuple[torch.Tensor, torch.Tensor]:
     kw = max(1, -(-cols // 32))
     dev = A.crow.device
     nnz = A.col.numel()
-    lengths = (A.crow[1:] - A.crow[:-1]).long()
-    r = torch.repeat_interleave(torch.arange(rows, device=dev), lengths, output_size=nnz)
+    r = unit_of_items(A.crow, nnz)
     c = A.col.long()
     word = r * kw + (c >> 5)
     bits64 = torch.zeros(rows * kw, dtype=torch.int64, device=dev)

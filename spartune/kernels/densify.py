@@ -26,7 +26,8 @@ def _csr_densify_kernel(crow_ptr, col_ptr, val_ptr, out_ptr, K, BLOCK_K: tl.cons
         k = k0 + tl.arange(0, BLOCK_K)
         tl.store(base + k, tl.zeros([BLOCK_K], dtype=out_ptr.dtype.element_ty), mask=k < K)
     tl.debug_barrier()  # the zeros before the nonzeros: other threads of the program write both
-    start, end = tl.load(crow_ptr + row), tl.load(crow_ptr + row + 1)
+    # (64-bit: a step's indices may pass 2^31 near that many nonzeros)
+    start, end = tl.load(crow_ptr + row).to(tl.int64), tl.load(crow_ptr + row + 1).to(tl.int64)
     for i0 in range(start, end, BLOCK_NZ):
         i = i0 + tl.arange(0, BLOCK_NZ)
         inside = i < end
@@ -40,7 +41,8 @@ def csr_to_dense(A: CSR, block_k: int = BLOCK_K, block_nz: int = BLOCK_NZ, num_w
     out = torch.empty(rows, cols, dtype=A.dtype, device=A.device)
     if rows and cols:
         args = (A.crow, A.col, A.values, out, cols)
-        key = (A.dtype, A.col.dtype, align16(A.values), cols % 16 == 0, cols == 1, block_k, block_nz, num_warps)
+        key = (A.dtype, A.col.dtype, align16(A.crow), align16(A.col), align16(A.values), cols % 16 == 0, cols == 1,
+               block_k, block_nz, num_warps)
         launch_cached(_launches, key, _csr_densify_kernel, (rows,), args,
                       lambda: dict(BLOCK_K=block_k, BLOCK_NZ=block_nz, num_warps=num_warps))
     return out

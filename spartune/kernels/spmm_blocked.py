@@ -319,6 +319,7 @@ def chunked(A: ShuffledBlock, bk: int) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def release_unused(A, configs) -> None:
     """Shfl-BW keeps a chunked copy per BK the tuner measured: drop those no chosen config reads."""
+    configs = [c for c in configs if isinstance(c, Config)]  # (sddmm's on the same pattern read none)
     kept = {f"_shfl_chunks_{c.bk}" for c in configs} | {f"_shfl_chunk_pattern_{c.bk}" for c in configs}
     for key in [k for k in A.__dict__ if k.startswith("_shfl_chunk") and k not in kept]:
         del A.__dict__[key]

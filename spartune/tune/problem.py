@@ -12,8 +12,8 @@ from ..formats import FormatStats
 
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # by Problem.dtype
 # "speed": the fastest candidate, whatever copy of the weight it keeps (cuBLAS's dense copy, a
-# library's conversion); "lean": only candidates that read the weight as stored or from a layout
-# of our kernels no larger than it (dense then decompresses into a transient buffer each call)
+# library's conversion, V:N:M's 2:4 copy); "lean": none of those, our kernels on the format and
+# their own layouts of it (each about its size), dense on a decompression made for each call
 MEMORY_POLICIES = ("speed", "lean")
 
 
@@ -53,8 +53,8 @@ class Problem:
     # Problem is made unless given: cuBLAS's speed and csr_smem's sums follow it, so a choice tuned
     # under one setting is not served under the other; False for other dtypes and ops
     fp16_reduction: bool | None = None
-    # the weight-memory policy the choice is made under (dispatch.set_memory_policy): "lean"
-    # leaves out every candidate that keeps a copy of the weight larger than its format
+    # the weight-memory policy the choice is made under (dispatch.set_memory_policy; linear only):
+    # "lean" leaves out the candidates that keep a dense, library or 2:4 copy of the weight
     memory: str = "speed"
 
     def __post_init__(self):

@@ -64,16 +64,22 @@ def test_refuses_what_is_not_a_module():
         resident_bytes(st.sparsify_weight(torch.randn(8, 8), "csr", 0.5))
 
 
-def test_a_layout_an_sddmm_on_the_same_pattern_may_read_is_kept():
-    """A linear call tuned after an sddmm choice on the same CSR releases none of its layouts
-    (the bitmap serves both ops); without one, the unread bitmap goes."""
+def test_a_layout_an_sddmm_on_the_same_pattern_reads_is_kept():
+    """A linear call's release keeps CSR's bitmap while an sddmm on the same pattern runs its
+    dense path (which reads it), and drops it, and the banded ELL, otherwise."""
     from spartune import dispatch
-    from spartune.kernels import _bitmap
+    from spartune.kernels import _bitmap, _ell, sddmm
+    from spartune.tune.tuner import Choice
 
-    for with_sddmm in (True, False):
+    for sddmm_choice, kept in ((Choice("sddmm", sddmm.Config("dense", 32, 32, 32), None, None), True),
+                               (Choice("sddmm", sddmm.Config("gather", 32, 32, 32), None, None), False),
+                               (Choice("dense", None, None, None), False), (None, False)):
         A = st.sparsify_weight(torch.randn(64, 96), "csr", 0.8)
-        _bitmap.csr_bitmap(A)
-        if with_sddmm:
-            dispatch.state(A, lambda A: None).chosen[("sddmm", "a choice")] = object()
+        _bitmap.csr_bitmap(A), _ell.banded_ell(A)
+        if sddmm_choice is not None:
+            dispatch.state(A, lambda A: None).chosen[("sddmm", "a call")] = sddmm_choice
         st.linear(torch.randn(3, 96), A)
-        assert ("_spartune_csr_bitmap" in A.__dict__) == with_sddmm
+        picks = [c.config for c in dispatch.state(A, None).chosen.values() if c.backend == "csr"]
+        assert not any(c.path in ("dense", "expand", "ell") for c in picks)  # (so only the sddmm can keep them)
+        assert ("_spartune_csr_bitmap" in A.__dict__) == kept, sddmm_choice
+        assert "_spartune_banded_ell" not in A.__dict__

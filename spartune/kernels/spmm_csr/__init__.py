@@ -94,11 +94,14 @@ def launch(A: CSR, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=N
 
 def release_unused(A: CSR, configs) -> None:
     """The tuner's measurements of the ell path build A's banded ELL copy, a second copy of the
-    weight, and those of the dense and expand paths its bitmap (0.6x of a 90% CSR's bytes): each
-    dropped unless one of the configs chosen for A (`configs`) runs on it."""
-    if not any(c.path == "ell" for c in configs):
+    weight, and those of the dense and expand paths its bitmap (4 bytes per 16 dense elements):
+    each dropped unless one of the configs chosen for A (`configs`: this family's, and sddmm's on
+    the same pattern, whose dense path reads the bitmap too) runs on it."""
+    from ..sddmm import Config as SddmmConfig
+
+    if not any(isinstance(c, Config) and c.path == "ell" for c in configs):
         drop_banded_ell(A)
-    if not any(c.path in ("dense", "expand") for c in configs):
+    if not any(isinstance(c, (Config, SddmmConfig)) and c.path in ("dense", "expand") for c in configs):
         drop_csr_bitmap(A)
 
 
