@@ -7,7 +7,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
-from spartune import fusion
+from spartune import dispatch, fusion
 from spartune.nn import SparseLinear
 
 TOL = dict(atol=1e-5, rtol=1e-5)  # fp32
@@ -174,7 +174,8 @@ def test_chains_the_users_passes_and_keys_the_cache_by_them():
     kind([Keyed(), plain])(graph)
     assert ran == ["keyed", "plain"]
     assert kind([Keyed(), plain]).uuid() is None
-    assert kind(Keyed()).uuid()[1:] == ("keyed",) and kind(None).uuid()
+    assert kind(Keyed()).uuid()[2:] == ("keyed",) and kind(None).uuid()
+    assert kind(None).uuid()[1] == dispatch.memory_policy()  # lean merges no siblings: keyed apart
 
 
 # --- linears that read the same x, as one SpMM ---------------------------------------------------------
@@ -374,3 +375,14 @@ def test_prologue_left_alone_where_not_exact():
     depthwise.requires_grad_(True)
     out, fused, biased = prologue_graph(block, x)
     assert (fused, biased) == (0, True)
+
+
+def test_lean_memory_merges_no_siblings(monkeypatch):
+    """A merged stack is a second copy of its layers' weights: the lean policy runs them apart."""
+    merged = []
+    monkeypatch.setattr(fusion, "merge_siblings", lambda graph: merged.append(graph))
+    for policy, runs in (("speed", 1), ("lean", 0)):
+        monkeypatch.setattr(dispatch, "_memory", policy)
+        merged.clear()
+        fusion._pass_type()(None)(torch.fx.Graph())
+        assert len(merged) == runs, policy
