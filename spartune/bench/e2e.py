@@ -308,6 +308,8 @@ def table(doc: dict) -> str:
     for r in doc["rows"]:
         if "error" in r:
             lines.append(f"| {r['workload']} | {r['pattern']} | {r['sparsity']:.0%} | {r['error']} |")
+    if doc.get("memory_policy", "speed") != "speed":  # what "resident MB" and the times were tuned for
+        lines.append(f"\nmemory policy: {doc['memory_policy']} (spartune.set_memory_policy)")
     return "\n".join(lines)
 
 

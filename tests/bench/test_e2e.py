@@ -76,6 +76,18 @@ def test_cli_writes_table_json_plot(tmp_path, capsys):
     assert (tmp_path / "bench-e2e.png").stat().st_size > 0
 
 
+def test_cli_lean_run_records_its_policy(tmp_path, monkeypatch):
+    from spartune import dispatch
+
+    monkeypatch.setattr(dispatch, "_memory", dispatch._memory)
+    code = main(["bench", "--suite", "e2e", "--filter", "mobilenet", "--pattern", "csr", "--density", "0.25",
+                 "--memory", "lean", "--out", str(tmp_path)])
+    assert code == 0
+    assert json.loads((tmp_path / "bench-e2e.json").read_text())["memory_policy"] == "lean"
+    assert "memory policy: lean" in (tmp_path / "bench-e2e.txt").read_text()
+    dispatch.set_memory_policy("speed")
+
+
 def test_cli_refuses_what_does_not_apply(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--suite", "e2e", "--filter", "resnet"])
