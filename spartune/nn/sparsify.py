@@ -52,7 +52,9 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     `filter_fn(name, module)` picks layers further. `dry_run=True` changes nothing and reports
     what would happen, with the cost model's predicted speedup at `tokens` tokens and the
     memory of each layer. A layer that fails to convert raises, naming it, and leaves the model
-    as it was: every layer is built before any is swapped in.
+    as it was: every layer is built before any is swapped in. To hold the model near its pruned
+    size on the GPU (no dense or library copies where those run faster), call
+    `spartune.set_memory_policy("lean")` before running it.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"sparsify: model must be an nn.Module, got {type(model).__name__}")
