@@ -440,6 +440,7 @@ def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
         choice = st.chosen[key] = outside_graph_pools(lambda: choose(
             op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=expected,
             result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
+        _release(pattern, st.chosen.items())  # (the measurements' bitmap, where the choice reads none)
     family = registry.by_name(choice.backend)
     values = run(family, choice.config) if family is not None else dense()
     return pattern._with_values_trusted(values)

@@ -491,6 +491,22 @@ def test_sddmm_and_softmax_choices_are_cached(monkeypatch):
     assert calls == ["tune", "pick", "tune", "pick"]
 
 
+@pytest.mark.parametrize("path", ["gather", "dense"])
+def test_sddmm_keeps_the_bitmap_only_when_its_choice_reads_it(monkeypatch, path):
+    """Its measurements build CSR's bitmap (the dense path's); the choice's release keeps it
+    only for that path."""
+    from spartune.kernels import _bitmap
+    from spartune.tune.tuner import Choice
+
+    pattern = make_format("csr")
+    _bitmap.csr_bitmap(pattern)  # as the dense path's measurement leaves it
+    chosen = Choice("sddmm", sddmm_kernels.Config(path, 16, 16, 16), None, None)
+    monkeypatch.setattr(dispatch, "choose", lambda *a, **k: chosen)
+    monkeypatch.setattr(sddmm_kernels, "launch", lambda a, b, p, cfg, scale: torch.zeros_like(p.values))
+    st.sddmm(torch.randn(M, 16), torch.randn(K, 16), pattern)
+    assert ("_spartune_csr_bitmap" in pattern.__dict__) == (path == "dense")
+
+
 @pytest.mark.parametrize("kind", ["csr", "block"])
 def test_sddmm_results_keep_the_pattern_without_revalidating_it(monkeypatch, kind):
     # sddmm -> sparse_softmax chains build a format per call: its pattern is the input's, so it
