@@ -199,6 +199,16 @@ def tile_steps(cols: int) -> int:
     return ceil_div(cols, 128) * 4
 
 
+def tile_order(values: torch.Tensor, tiles: int, k_steps: int) -> torch.Tensor:
+    """Canonical kept values (rows, kept) -> (tiles * k_steps, 256) in the tensor cores' order:
+    per (16-row tile, 32-column K step of the 2:4 matrix), four 8 x 8 core matrices (row half,
+    column half, row, value); rows padded to tiles * 16 and K to k_steps * 16 kept with zeros.
+    The one definition of the layout that PackedNM / PackedVNM store and the kernels read."""
+    rows, kept = values.shape
+    v = F.pad(values, (0, k_steps * 16 - kept, 0, tiles * 16 - rows))
+    return v.reshape(tiles, 2, 8, k_steps, 2, 8).permute(0, 3, 1, 4, 2, 5).reshape(tiles * k_steps, 256).contiguous()
+
+
 class _TileOrder:
     """What PackedNM and PackedVNM share: the values of the 2:4 matrix the sparse tensor cores
     multiply (NM's rows; V:N:M's kept columns) stored in the order the kernels read them, so they
@@ -245,10 +255,7 @@ class _TileOrder:
         if type(A) is not cls._canonical:
             raise ValueError(f"{cls.__name__} packs {cls._canonical.__name__} weights, got {type(A).__name__}")
         fields = {f.name: getattr(A, f.name) for f in dataclasses.fields(A)}
-        rows, kept = A.values.shape
-        mt, kt = cls._tile_grid(rows, kept)
-        v = F.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
-        fields["values"] = v.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5).reshape(mt * kt, 256).contiguous()
+        fields["values"] = tile_order(A.values, *cls._tile_grid(*A.values.shape))
         return cls(**fields)
 
     def unpack(self):

@@ -34,7 +34,7 @@ from ._epilogue import ACTIVATION_CODES
 from .cuda.epilogue import NULL, check_operands, epilogue_args, or_null
 from .transpose import tokens_major
 from ..formats import VNM, PackedNM, PackedVNM, memo
-from ..formats.nm import tile_steps
+from ..formats.nm import tile_order, tile_steps
 from ..tune.device import spec_of
 from ..tune.problem import KernelFeatures, Problem
 
@@ -265,7 +265,7 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     mt = math.ceil(problem.m / 16)
     vnm = _vnm(problem.fmt)
     k_kept = problem.k if vnm is None else math.ceil(problem.k / vnm[1]) * 4
-    kt = _k_steps(k_kept)  # K steps of the 2:4 matrix (V:N:M: its kept columns), as packed
+    kt = tile_steps(k_kept)  # K steps of the 2:4 matrix (V:N:M: its kept columns), as packed
     row_tiles = math.ceil(mt * 16 / (config.bm * config.cluster_m)) * config.cluster_m  # whole clusters
     strips = math.ceil(problem.n / config.bn)
     tiles = row_tiles * strips
@@ -377,7 +377,8 @@ def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         mt, kt = A.tiles, A.k_steps
         # (construction refuses misaligned values; a trusted rebuild over a view could still hand one)
         values = A.values if A.values.data_ptr() % 16 == 0 else A.values.clone()
-        return values.view(mt, kt, 2, 2, 8, 8), memo(A, _META_KEY, lambda: _metadata(A), of_values=False), mt, kt
+        meta = memo(A, _META_KEY, lambda: _metadata(A, A._matrix_cols()), of_values=False)
+        return values.view(mt, kt, 2, 2, 8, 8), meta, mt, kt
     if isinstance(A, VNM):
         return memo(A, _PACKED_KEY, lambda: _pack(A, A.col_blocks * 4))
     if (A.n, A.m) != (2, 4):
@@ -400,13 +401,8 @@ def column_map(A: VNM) -> torch.Tensor:
     return memo(A, "_nm_column_map", lambda: _column_map(A), of_values=False)
 
 
-def _k_steps(kept: int) -> int:
-    """`packed`'s K steps for `kept` columns of the 2:4 matrix: 32 wide, in fours (wgmma's stage pairs)."""
-    return tile_steps(kept)
-
-
 def _column_map(A: VNM) -> torch.Tensor:
-    kt = _k_steps(A.col_blocks * 4)
+    kt = tile_steps(A.col_blocks * 4)
     base = torch.arange(A.col_blocks, device=A.cols.device).view(1, -1, 1) * A.m
     cols = (base + A.cols.long()).reshape(A.row_blocks, -1)
     cols = torch.where(cols < A.shape[1], cols, -1)
@@ -414,28 +410,25 @@ def _column_map(A: VNM) -> torch.Tensor:
 
 
 def _pack(A, cols: int):
-    from .cuda.sparse_mma import pack_core_matrices
-
-    idx, mt, kt = _padded_positions(A, cols)
-    rows, kept = A.values.shape
-    values = torch.nn.functional.pad(A.values, (0, kt * 16 - kept, 0, mt * 16 - rows))
-    v, meta = pack_core_matrices(values, idx)
-    return v, meta[..., _META_LANES].contiguous(), mt, kt
+    """A canonical NM / VNM weight's packing: its values in tile order (as PackedNM / PackedVNM
+    store them) and its metadata words."""
+    mt, kt = math.ceil(A.values.shape[0] / 16), tile_steps(cols)
+    return tile_order(A.values, mt, kt).view(mt, kt, 2, 2, 8, 8), _metadata(A, cols), mt, kt
 
 
-def _metadata(A) -> torch.Tensor:
-    """`packed`'s metadata words of a PackedNM or PackedVNM (its pattern alone)."""
+def _metadata(A, cols: int) -> torch.Tensor:
+    """`packed`'s metadata words of A (its pattern alone), K padded to `tile_steps(cols)` steps."""
     from .cuda.sparse_mma import metadata_words
 
-    idx, _, _ = _padded_positions(A, A._matrix_cols())
+    idx, _, _ = _padded_positions(A, cols)
     return metadata_words(idx)[..., _META_LANES].contiguous()
 
 
 def _padded_positions(A, cols: int) -> tuple[torch.Tensor, int, int]:
-    """(A's positions padded to whole tiles and `_k_steps(cols)` K steps with (0, 1) pairs, tiles, K steps)."""
+    """(A's positions padded to whole tiles and `tile_steps(cols)` K steps with (0, 1) pairs, tiles, K steps)."""
     idx = A.positions.to(torch.int64)
     rows, kept = idx.shape
-    mt, kt = math.ceil(rows / 16), _k_steps(cols)
+    mt, kt = math.ceil(rows / 16), tile_steps(cols)
     pad_r, pad_k = mt * 16 - rows, kt * 16 - kept
     fill = torch.tensor([0, 1], device=idx.device).repeat(max(pad_k, 0) // 2)  # positions (0, 1)
     idx = torch.cat([idx, fill.expand(rows, -1)], dim=1)

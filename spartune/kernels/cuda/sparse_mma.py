@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ...formats.nm import pick_positions
+from ...formats.nm import pick_positions, tile_order
 
 TILE_M, TILE_K = 16, 32  # one instruction's A: 16 rows x 32 dense columns
 LANES = 32
@@ -43,8 +43,7 @@ def pack_core_matrices(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.T
     matrices, (M/16, K/32, row half, column half, row, 8 values): how wgmma.sp reads A from shared
     memory and ldmatrix hands mma.sp its fragment (kernels/spmm_nm.py's one packing)."""
     pairs, mt, kt = _checked(values, idx)
-    v = values.reshape(mt, 2, 8, kt, 2, 8).permute(0, 3, 1, 4, 2, 5)
-    return v.contiguous(), _metadata(pairs, mt, kt)
+    return tile_order(values, mt, kt).view(mt, kt, 2, 2, 8, 8), _metadata(pairs, mt, kt)
 
 
 def metadata_words(idx: torch.Tensor) -> torch.Tensor:
