@@ -185,7 +185,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const int g = lane >> 2, t = lane & 3;
   // the row tile rt's sums: stored, or this CTA's partial into its slot and the last CTA's sum
-  auto flush = [&](int rt) {
+  // row tile rt's sums, once its last unit of this CTA is multiplied: stored, where this CTA owns
+  // the row tile; else this CTA's partial into its slot, summed at the end of the CTA (`finish`).
+  // Only the first and the last row tile of a CTA's run can be shared.
+  int pend_rt[2];
+  int2 pend_split[2];
+  int pending = 0;
+  auto settle = [&](int rt) {
     const int2 split = split_next;  // (first CTA, CTAs)
     if (rt + 1 < row_tiles) split_next = row_split[rt + 1];
     const int row0 = rt * BR;
@@ -204,8 +210,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
         }
       return;
     }
-    const long long slot_floats = (long long)BR * NT;
-    float* mine = ws + ((long long)blockIdx.y * (gridDim.x + row_tiles) + blockIdx.x + rt) * slot_floats;
+    float* mine = ws + ((long long)blockIdx.y * (gridDim.x + row_tiles) + blockIdx.x + rt) * (BR * NT);
 #pragma unroll
     for (int r = 0; r < WM; ++r)
 #pragma unroll
@@ -216,9 +221,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
           *reinterpret_cast<float2*>(mine + row * NT + (warp_n * WN + j) * 8 + 2 * t) =
               make_float2(acc[r][j][2 * hh], acc[r][j][2 * hh + 1]);
       }
-    // the barrier orders every thread's partial before thread 0's arrival, whose release publishes
-    // them and whose acquire sees the earlier CTAs' (CUTLASS's split-K semaphore)
-    __syncthreads();
+    pend_rt[pending] = rt;
+    pend_split[pending] = split;
+    ++pending;
+  };
+  // a shared row tile's arrival, and the last CTA's sum of the slots. At the end of the CTA only:
+  // the arrival's release waits for the CTA's writes, and mid-run it drained the ring's copies too
+  // (half of the time at every shape: LOG, csr_mma v2)
+  auto finish = [&](int rt, int2 split) {
+    const long long slot_floats = (long long)BR * NT;
+    const int row0 = rt * BR;
     int* counter = counters + blockIdx.y * row_tiles + rt;
     if (tid == 0) is_last = arrive_acq_rel(counter) == split.y - 1;
     __syncthreads();
@@ -280,9 +292,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
     if (!(ABLATE & 1) && i > 0) zero(i - 1);
     const int u = u_begin + i, rt = u / k_tiles;
     if (i + 1 == units || (u + 1) / k_tiles != rt) {
-      if (!(ABLATE & 16)) flush(rt);
+      if (!(ABLATE & 16)) settle(rt);
       clear();
     }
   }
   cp_async_wait<0>();
+  if (pending) {
+    // the barrier orders every thread's partials before thread 0's arrival, whose release publishes
+    // them and whose acquire sees the earlier CTAs' (CUTLASS's split-K semaphore)
+    __syncthreads();
+    finish(pend_rt[0], pend_split[0]);
+    if (pending > 1) {
+      __syncthreads();  // (is_last is read again)
+      finish(pend_rt[1], pend_split[1]);
+    }
+  }
 }
