@@ -8,7 +8,10 @@ from spartune.tune.measure import cold_replay
 OUT = os.environ.get("OUT", "out")
 gen = torch.Generator(device="cuda").manual_seed(0)
 res = []
-for name, M, Kd, N in [("qkv", 4096, 4096, 16), ("7b-up", 11008, 4096, 16), ("7b-up", 11008, 4096, 32), ("70b-up", 28672, 8192, 16)]:
+import sys
+ROLES = len(sys.argv) > 1
+for name, M, Kd, N in [("qkv", 4096, 4096, 16), ("qkv", 4096, 4096, 32), ("7b-up", 11008, 4096, 16), ("7b-up", 11008, 4096, 32),
+                       ("7b-down", 4096, 11008, 16), ("70b-up", 28672, 8192, 16), ("70b-up", 28672, 8192, 32)]:
     w = torch.randn(M, Kd, device="cuda", dtype=torch.float16, generator=gen)
     w = w * (torch.rand(M, Kd, device="cuda", generator=gen) < 0.1)
     A = st.CSR.from_dense(w)
@@ -16,8 +19,12 @@ for name, M, Kd, N in [("qkv", 4096, 4096, 16), ("7b-up", 11008, 4096, 16), ("7b
     out = torch.empty(N, M, device="cuda", dtype=torch.float16)
     ref = x.double() @ w.double().T
     dense = cold_replay(lambda: F.linear(x, w)) * 1e6
-    for cfg in [K.Config(128, N, 8, 1, 6, 2), K.Config(128, N, 8, 1, 3, 3), K.Config(64, N, 4, 1, 4, 4), K.Config(64, N, 4, 1, 3, 6),
-                K.Config(64, N, 8, 2, 4, 4), K.Config(128, N, 16, 2, 4, 2), K.Config(64, N, 4, 1, 6, 3)]:
+    cfgs = [K.Config(128, N, 8, 1, 6, 2), K.Config(128, N, 8, 1, 3, 3), K.Config(64, N, 4, 1, 4, 4), K.Config(64, N, 4, 1, 3, 6),
+            K.Config(64, N, 8, 2, 4, 4), K.Config(128, N, 16, 2, 4, 2), K.Config(64, N, 4, 1, 6, 3)]
+    if ROLES:
+        cfgs = [K.Config(128, N, 8, 1, 6, 2), K.Config(128, N, 8, 1, 6, 2, True), K.Config(128, N, 16, 1, 4, 2, True),
+                K.Config(256, N, 8, 1, 4, 1, True), K.Config(128, N, 8, 1, 3, 3, True), K.Config(256, N, 16, 1, 4, 1, True)]
+    for cfg in cfgs:
         try:
             fn = lambda: K.launch(A, x, out, cfg)
             fn(); torch.cuda.synchronize()

@@ -47,10 +47,12 @@ class Config:
     warps_n: int = 1  # warps splitting the tokens
     stages: int = 4
     occupancy: int = 2  # CTAs per SM: the grid is occupancy x SMs (at most one CTA a tile)
+    roles: bool = False  # half of the warps multiply, the other half scatter and zero
 
     def __post_init__(self):  # (TypeError: what dispatch's rebuild of a stored config expects)
-        if self.nt % (8 * self.warps_n) or self.warps % self.warps_n or \
-                (self.br // 16) % (self.warps // self.warps_n):
+        mma_warps = self.warps // 2 if self.roles else self.warps
+        if self.nt % (8 * self.warps_n) or mma_warps % self.warps_n or \
+                (self.br // 16) % (mma_warps // self.warps_n):
             raise TypeError(f"warps must tile {self.br} rows x {self.nt} tokens: got {self}")
 
 
@@ -136,7 +138,8 @@ def release_unused(A: CSR, configs) -> None:
 def _instance(config: Config, dtype: torch.dtype, act: int = 0, **probe):
     return cuda.instance("spmm_csr_mma.cu", "spmm_csr_mma", {
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "BR": config.br, "NT": config.nt, "WARPS": config.warps,
-        "WARPS_N": config.warps_n, "STAGES": config.stages, **({"SPARTUNE_ACT": act} if act else {}), **probe})
+        "WARPS_N": config.warps_n, "STAGES": config.stages, **({"ROLES": 1} if config.roles else {}),
+        **({"SPARTUNE_ACT": act} if act else {}), **probe})
 
 
 def instances(problem: Problem, config: Config) -> list:

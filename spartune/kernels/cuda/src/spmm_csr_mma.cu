@@ -29,6 +29,9 @@
 #ifndef WARPS_N
 #define WARPS_N 1
 #endif
+#ifndef ROLES
+#define ROLES 0  // 1: the first half of the warps multiply, the second half scatter and zero
+#endif
 #ifndef ABLATE
 #define ABLATE 0  // probes only (wrong results): 1 no scatter or zeroing, 2 no multiply, 4 no x copies,
                   // 8 no word copies, 16 no flush, 32 no flush (sums kept alive)
@@ -37,13 +40,16 @@
 constexpr int TK = 64;                         // columns per tile
 constexpr int PITCH = TK + 8;                  // halves per shared row: 144 bytes, 8 rows on 8 bank groups
 constexpr int THREADS = 32 * WARPS;
-constexpr int WARPS_M = WARPS / WARPS_N;
+constexpr int MMA_WARPS = ROLES ? WARPS / 2 : WARPS;  // the warps that multiply
+constexpr int FILL_LO = ROLES ? MMA_WARPS * 32 : 0;      // the threads that scatter and zero: FILL_LO ..
+constexpr int FILL_THREADS = THREADS - FILL_LO;
+constexpr int WARPS_M = MMA_WARPS / WARPS_N;
 constexpr int WM = BR / 16 / WARPS_M;          // 16-row slices per warp
 constexpr int WN = NT / 8 / WARPS_N;           // 8-token slices per warp
 constexpr int DENSE_BYTES = BR * PITCH * 2;    // one dense tile
 constexpr int X_BYTES = NT * PITCH * 2;        // one stage's x: NT rows of 64 columns
 static_assert(BR % 16 == 0 && BR <= 1024, "BR: a multiple of 16, at most 1024 (positions in 16 bits)");
-static_assert(NT % 8 == 0 && WARPS % WARPS_N == 0, "NT a multiple of 8, WARPS_N dividing WARPS");
+static_assert(NT % 8 == 0 && MMA_WARPS % WARPS_N == 0, "NT a multiple of 8, WARPS_N dividing WARPS");
 static_assert(WM >= 1 && WM * 16 * WARPS_M == BR && WN >= 1 && WN * 8 * WARPS_N == NT, "warps must tile BR x NT");
 static_assert(STAGES >= 3, "the ring needs 3 stages: one landing, one scattered, one multiplied");
 
@@ -134,7 +140,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
     const int4* w4 = reinterpret_cast<const int4*>(stage(i) + X_BYTES);
     unsigned short* d = dense(i);
     const int n4 = stage_words[i % STAGES] / 4;
-    for (int q = tid; q < n4; q += THREADS) {
+    if (tid < FILL_LO) return;
+    for (int q = tid - FILL_LO; q < n4; q += FILL_THREADS) {
       const int4 w = w4[q];
       const unsigned ws4[4] = {static_cast<unsigned>(w.x), static_cast<unsigned>(w.y), static_cast<unsigned>(w.z),
                                static_cast<unsigned>(w.w)};
@@ -179,7 +186,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
   };
   auto zero = [&](int i) {
     int4* d = reinterpret_cast<int4*>(dense(i));
-    for (int q = tid; q < DENSE_BYTES / 16; q += THREADS) d[q] = make_int4(0, 0, 0, 0);
+    if (tid < FILL_LO) return;
+    for (int q = tid - FILL_LO; q < DENSE_BYTES / 16; q += FILL_THREADS) d[q] = make_int4(0, 0, 0, 0);
   };
 
   const spartune::Epilogue epi{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
@@ -196,6 +204,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
     if (rt + 1 < row_tiles) split_next = row_split[rt + 1];
     const int row0 = rt * BR;
     if (split.y == 1) {
+      if (warp >= MMA_WARPS) return;
 #pragma unroll
       for (int r = 0; r < WM; ++r)
 #pragma unroll
@@ -212,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
     }
     float* mine = ws + ((long long)blockIdx.y * (gridDim.x + row_tiles) + blockIdx.x + rt) * (BR * NT);
 #pragma unroll
-    for (int r = 0; r < WM; ++r)
+    for (int r = 0; r < (warp < MMA_WARPS ? WM : 0); ++r)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = (warp_m * WM + r) * 16 + g + 8 * hh;
@@ -287,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) spmm_csr_mma(
     __syncthreads();              // ... everyone's; unit i scattered; unit i - 1 multiplied and its stage free
     if (i + STAGES - 1 < units) issue(i + STAGES - 1);
     cp_async_commit();
-    if (!(ABLATE & 2) && stage_words[i % STAGES] > 0) multiply(i);
+    if (!(ABLATE & 2) && warp < MMA_WARPS && stage_words[i % STAGES] > 0) multiply(i);
     if (!(ABLATE & 1) && i + 1 < units) scatter(i + 1);
     if (!(ABLATE & 1) && i > 0) zero(i - 1);
     const int u = u_begin + i, rt = u / k_tiles;
