@@ -37,12 +37,3 @@ def test_csr_to_dense_with_int32_columns():
 def test_an_all_zero_and_an_empty_matrix():
     assert torch.equal(csr_to_dense(CSR.from_dense(torch.zeros(6, 10))), torch.zeros(6, 10))
     assert csr_to_dense(CSR.from_dense(torch.zeros(0, 10))).shape == (0, 10)
-
-
-@pytest.mark.parametrize("span", [1, 64, 128, 10_000])
-def test_rows_cut_in_spans(span):
-    """A long row is cut in spans, a program each: each writes exactly the nonzeros in its span."""
-    w = _weight(9, 300, 0.2, torch.float16)
-    w[4, ::7] = 3.0  # nonzeros on every span's first and last columns too
-    got = csr_to_dense(CSR.from_dense(w), block_k=64, block_nz=16, span=span)
-    assert torch.equal(got, w)
