@@ -143,9 +143,9 @@ def set_memory_policy(policy: str) -> None:
     if policy == memory_policy():
         return
     _memory = policy
-    # the choices lean allows too (our kernels, not as_24): their layouts stay
+    # the choices lean allows too (our kernels on no larger copy): their layouts stay
     kept = {A: [(k, c) for k, c in st.chosen.items()
-                if registry.by_name(c.backend) is not None and not getattr(c.config, "as_24", False)]
+                if (family := registry.by_name(c.backend)) is not None and not family.keeps_copy(c.config)]
             for A, st in list(_states.items())}
     _forget()
     if policy == "lean":

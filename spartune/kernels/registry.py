@@ -10,7 +10,8 @@ A family module provides (the tuner cannot tell a Triton family from a CUDA one)
 - optionally `available(device) -> bool` (default: on CUDA, or anywhere under Triton's
   interpreter; a CUDA family says False without a GPU or NVRTC, and its module must import
   on any machine)
-  and `release_unused(A, configs)` (drop per-weight layouts no chosen config reads), and for a
+  and `release_unused(A, configs)` (drop per-weight layouts no chosen config reads) and
+  `keeps_copy(config)` (it runs on a copy larger than the format: the lean policy's), and for a
   CUDA family `instances(problem, config)` (the cuda.Instance its launch loads: the tuner
   compiles those of the configs it will time at once, in parallel) and `bind(...)` (linear:
   launch's arguments, giving run(x, out, bias, residual) that launches on tensors laid out
@@ -106,6 +107,12 @@ class Family:
         hook = getattr(self.module, "release_unused", None)
         if hook is not None:
             hook(A, configs)
+
+    def keeps_copy(self, config) -> bool:
+        """Whether `config` runs on a copy of the weight larger than its format (which the lean
+        memory policy leaves out)."""
+        hook = getattr(self.module, "keeps_copy", None)
+        return bool(hook(config)) if hook is not None else False
 
     def config_from_fields(self, fields: dict):
         """The stored config (a DB row's fields) as this family's Config; TypeError when its

@@ -479,6 +479,11 @@ def release_unused(A, configs) -> None:
         del A.__dict__[key]
 
 
+def keeps_copy(config: Config) -> bool:
+    """as_24 runs on a 2:4 copy of a V:N:M weight, twice its kept values (not under lean)."""
+    return config.as_24
+
+
 def as_2to4(A: VNM):
     """A V:N:M weight with M a multiple of 4 as a 2:4 NM one over all of K (exact: each group of 4
     columns lies in one M-column block, where a row holds 2 nonzeros): the source of its as_24
