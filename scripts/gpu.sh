@@ -19,6 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPARTUNE_CACHE_DIR=${SPARTUNE_CACHE_DIR:-/tmp/spartune-cache}
+export SPARTUNE_GPU_TESTS=1  # tests/conftest.py: compiled kernels, the gpu-marked tests run
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; export OUT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
