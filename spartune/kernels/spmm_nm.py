@@ -105,7 +105,7 @@ def _smem_bytes(config: Config, boxes: int = 1) -> int:
     if config.stages >= 3:  # each stage: the x chunk and every warp's A fragments (16 + 4 bytes a lane)
         wm, wn = _warp_grid(config)
         frags = config.num_warps // wn * (config.bm // 16 // wm) * config.ksteps * 32  # (token warps share A's)
-        barriers = 16 * config.stages if config.cluster_m > 1 else 0  # a cluster's stages: full, empty mbarriers
+        barriers = 8 * config.stages if config.cluster_m > 1 else 0  # a cluster's x chunks land on mbarriers
         return max(config.stages * (x_tile + frags * 20), partial) + barriers
     return max(x_tile, partial)
 

@@ -44,9 +44,6 @@
 #ifndef CLUSTER_M
 #define CLUSTER_M 1
 #endif
-#ifndef CLUSTER_EMPTY
-#define CLUSTER_EMPTY 1
-#endif
 #if CLUSTER_M > 1
 #include "wgmma_sp.cuh"  // mbarriers, bulk copies, cluster barriers
 #define SPARTUNE_CLUSTER __cluster_dims__(1, CLUSTER_M, 1)
@@ -83,7 +80,6 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 or 3, with at least 3 stages");
 static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
 static_assert(CLUSTER_M == 1 || (PIPE >= 3 && GATHER == 0), "a cluster shares 2:4's x chunks on the ring");
-static_assert(BN <= 32 * CLUSTER_M, "warp 0 issues the CTA's share of a cluster's x copies");
 // a stage's A fragments (one per lane and step); the ring's warps that split a tile's tokens
 // (WARPS_N > 1) share theirs: each copies a 1 / WARPS_N share, all read them
 constexpr int A_FRAGS = WARPS / WARPS_N * WM * KSTEPS * 32;
@@ -307,17 +303,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #if CLUSTER_M > 1
   // full[st]: the bytes of x landing in this CTA's stage st (the copies of every CTA of the cluster).
   // Rows past the tokens are never written: they only feed output tokens the epilogue skips.
-  // empty[st]: every warp of the cluster is done with stage st (WARPS arrivals from each CTA); only
-  // warp 0, which issues the CTA's x copies, waits on it, so a CTA's warps run up to PIPE - 1 chunks
-  // ahead of the cluster's slowest instead of meeting it at a cluster barrier every chunk
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + PIPE_BYTES);
-  unsigned long long* empty = full + PIPE;
   const unsigned rank = spartune::cluster_rank();
   if (tid == 0) {
     for (int st = 0; st < PIPE; ++st) spartune::mbar_init(&full[st], 1);
-#if CLUSTER_EMPTY
-    for (int st = 0; st < PIPE; ++st) spartune::mbar_init(&empty[st], CLUSTER_M * WARPS);
-#endif
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   spartune::cluster_sync();  // every CTA's barriers exist before any copy
@@ -326,9 +315,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     unsigned short* xs_s = reinterpret_cast<unsigned short*>(stage_base(chunk % PIPE));
 #if CLUSTER_M > 1  // this CTA's rows of the chunk (rank, + CLUSTER_M, ...) into every CTA of the cluster
     const int k0 = chunk * KC, kb = min(KC, K - k0), st = chunk % PIPE;
-#if CLUSTER_EMPTY  // the stage's last use (chunk - PIPE) is over in every CTA of the cluster
-    if (chunk >= PIPE && (warp == 0 || kb < KC)) spartune::mbar_wait(&empty[st], (chunk / PIPE - 1) & 1);
-#endif
     if (tid == 0) spartune::mbar_arrive_expect_tx(&full[st], x_rows * kb * 2);
     if (kb < KC) {  // the K tail: zeros past K (this stage's earlier chunk left its columns there)
       for (int e = tid; e < BN * (KC - kb); e += THREADS) xs_s[(e / (KC - kb)) * XS_STRIDE + kb + e % (KC - kb)] = 0;
@@ -410,16 +396,14 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     cp_async_commit();
   }
 #endif
-#if CLUSTER_M > 1 && !CLUSTER_EMPTY
+#if CLUSTER_M > 1
   spartune::cluster_arrive();  // (the first chunk's wait)
 #endif
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<PIPE - 2>();  // chunk c has landed (this thread's copies) ...
 #if CLUSTER_M > 1
     spartune::mbar_wait(&full[c % PIPE], (c / PIPE) & 1);  // ... and its x
-#if !CLUSTER_EMPTY
     spartune::cluster_wait();  // every CTA of the cluster is done with chunk c - 1, whose stage is refilled next
-#endif
     if constexpr (WARPS_N > 1) __syncthreads();  // the token warps' shares of A
 #else
     __syncthreads();            // ... everyone's; and the stage refilled next is free
@@ -444,16 +428,11 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
         cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
       }
     multiply(c, cur_v, cur_m);
-#if CLUSTER_M > 1 && CLUSTER_EMPTY
-    __syncwarp();  // (this chunk's fragments were consumed by the MMAs issued above)
-    if (lane < CLUSTER_M) spartune::mbar_arrive_cluster(&empty[c % PIPE], lane);
-#elif CLUSTER_M > 1
+#if CLUSTER_M > 1
     spartune::cluster_arrive();  // (this chunk's fragments were consumed by the MMAs issued above)
 #endif
   }
-#if CLUSTER_M > 1 && CLUSTER_EMPTY
-  spartune::cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers
-#elif CLUSTER_M > 1
+#if CLUSTER_M > 1
   spartune::cluster_wait();
 #endif
   cp_async_wait<0>();
