@@ -22,6 +22,17 @@ settings.register_profile("ci", max_examples=40, deadline=None, derandomize=Fals
 settings.load_profile("ci")
 
 
+def pytest_configure(config):
+    # one clear error, not hundreds of TypeErrors from the kernels (a GPU image may ship a newer numpy)
+    from spartune.bench.environment import interpreter_problem
+
+    problem = None if GPU_TESTS else interpreter_problem()
+    if problem:
+        raise pytest.UsageError(f"the CPU suite runs under the interpreter: {problem} (the dev extra pins it). "
+                                "On a CUDA machine the GPU tests run compiled: "
+                                "SPARTUNE_GPU_TESTS=1 python -m pytest -m gpu")
+
+
 def pytest_collection_modifyitems(config, items):
     if GPU_TESTS:
         return

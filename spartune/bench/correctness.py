@@ -9,7 +9,7 @@ from ..dispatch import find_choice
 from ..reference import TOLERANCE, rel_err
 from . import suites
 from .document import Options, base_document, interrupted
-from .environment import interpreter_active
+from .environment import interpreter_active, interpreter_problem
 from .picks import choice_dict, label
 from .progress import Progress, short
 from .suites import Spec
@@ -31,7 +31,11 @@ def run_correctness(specs: list[Spec], options: Options, checkpoint=None) -> dic
     dtype = getattr(torch, dtype_name)
     interp = interpreter_active()
     doc["device"]["triton_interpreter"] = interp
-    if not interp:
+    problem = interpreter_problem()
+    if interp and problem:
+        doc.setdefault("notes", []).append(f"{problem}; only torch paths were checked")
+        interp = False
+    elif not interp:
         doc.setdefault("notes", []).append(
             "TRITON_INTERPRET was not set before spartune's kernels were imported: they cannot run on the CPU "
             "(run through the `spartune` command, or set TRITON_INTERPRET=1); only torch paths were checked")

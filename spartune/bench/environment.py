@@ -28,6 +28,21 @@ def interpreter_active() -> bool:
         return bool(os.environ.get("TRITON_INTERPRET"))
 
 
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run our kernels here, or None: Triton 3.6's breaks on
+    numpy >= 2.3 (every kernel's scalar loads fail), and a GPU image may ship a newer numpy."""
+    import numpy
+    import triton
+
+    def minor(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+    if minor(triton.__version__) <= (3, 6) and minor(numpy.__version__) >= (2, 3):
+        return (f"Triton {triton.__version__}'s interpreter, which runs our kernels on the CPU, needs numpy < 2.3 "
+                f"(found {numpy.__version__}): pip install 'numpy<2.3'")
+    return None
+
+
 def versions() -> dict:
     """software_versions() and matplotlib's (the plots depend on it, no tuning does)."""
     from importlib.metadata import PackageNotFoundError, version

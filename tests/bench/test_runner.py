@@ -8,7 +8,7 @@ import torch
 
 from spartune.bench import report, runner, suites
 from spartune.bench.correctness import run_correctness
-from spartune.bench.environment import interpreter_active
+from spartune.bench.environment import interpreter_active, interpreter_problem
 from spartune.bench.timing import run_timing
 from spartune.tune.device import DeviceSpec
 
@@ -66,6 +66,33 @@ def test_correctness_pass_on_a_tiny_problem():
             assert kernels and all(row["checks"][k]["ok"] for k in kernels)
     assert "correctness only" in report.format_table(doc)
     assert math.isfinite(doc["wall_s"])
+
+
+@pytest.mark.parametrize("triton_v, numpy_v, refused", [("3.6.0", "2.5.2", True), ("3.6.0", "2.2.6", False),
+                                                       ("3.7.0", "2.5.2", False), ("3.6.0", "2.3.0rc1", True)])
+def test_interpreter_problem_names_the_numpy_that_breaks_it(monkeypatch, triton_v, numpy_v, refused):
+    import numpy
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", triton_v)
+    monkeypatch.setattr(numpy, "__version__", numpy_v)
+    problem = interpreter_problem()
+    assert (problem is not None) == refused
+    if refused:
+        assert numpy_v in problem and "numpy<2.3" in problem
+
+
+@CPU_ONLY
+def test_correctness_pass_says_why_the_interpreter_cannot_run(monkeypatch):
+    """Only torch paths are checked, with the reason in the notes, instead of every kernel failing."""
+    import numpy
+
+    monkeypatch.setattr(numpy, "__version__", "2.5.2")
+    specs = suites.problems(None, shapes=suites.custom_shapes([(512, 512, 4)]), patterns=["csr"], densities=[0.1])
+    doc = run_correctness(specs, runner.Options(progress=False))
+    assert any("numpy<2.3" in note for note in doc["notes"])
+    assert doc["rows"] and all(row["ok"] for row in doc["rows"])
+    assert not any(k.startswith("kernel:") and row["checks"][k].get("ok") for row in doc["rows"] for k in row["checks"])
 
 
 def test_kernel_runs_come_from_the_registry():
