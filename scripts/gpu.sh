@@ -30,7 +30,7 @@ gpu_tests() {  # $1: log name, then pytest's selection
   timeout "${TEST_S:-480}" python -m pytest -q -rf -m gpu -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
 }
 if [ "${TESTS:-1}" = 1 ]; then
-  gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py tests/gpu/test_cuda_layer_gpu.py tests/gpu/test_torch_integration_gpu.py & p1=$!
+  gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py tests/gpu/test_cuda_layer_gpu.py tests/gpu/test_torch_integration_gpu.py tests/gpu/test_memory_policy_gpu.py & p1=$!
   gpu_tests gpu_tests_csr1.log tests/gpu/test_csr_gpu.py -k "spmm_every_config" & p2=$!
   gpu_tests gpu_tests_csr2.log tests/gpu/test_csr_gpu.py -k "not spmm_every_config and not benchmark_shapes" & p3=$!
   gpu_tests gpu_tests_csr3.log tests/gpu/test_csr_gpu.py -k "benchmark_shapes" & p4=$!
