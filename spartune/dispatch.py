@@ -9,6 +9,7 @@ A tuning-DB hit rebuilds the stored Config directly: no config space is ranked.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import weakref
 
@@ -325,11 +326,22 @@ def outside_graph_pools(fn, device: torch.device):
 
 
 def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale, prologue):
-    ours, library = linear_runs(A, x, out, bias, activation, residual, scale, prologue)
+    from .tune.tuner import CheckInconclusive
+
     epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0, _prologue_name(prologue))
-    choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
-                    expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
-                    result=lambda y: y, layout=_layout(x))
+
+    def tune(x, bias, residual, prologue):
+        ours, library = linear_runs(A, x, out, bias, activation, residual, scale, prologue)
+        truth = functools.cache(lambda: reference.linear(x, A, bias, activation, residual, scale, prologue))
+        return choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
+                      expected=truth, result=lambda y: y, layout=_layout(x))
+
+    try:
+        choice = tune(x, bias, residual, prologue)
+    except CheckInconclusive:  # e.g. a NaN in every token: tuned on stand-ins of the same layouts
+        stand_in = lambda t: None if t is None else torch.randn_like(t)  # noqa: E731
+        choice = tune(stand_in(x), stand_in(bias), stand_in(residual),
+                      None if prologue is None else (stand_in(prologue[0]), *prologue[1:]))
     st.chosen[key] = choice
     _release(A, st.chosen.items())
     launch = launcher(A, choice.backend, choice.config, st.bindings)
@@ -431,15 +443,21 @@ VALUES_OPS = ("sddmm", "softmax")  # their call keys (sddmm, softmax) start with
 def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
     """An op whose result is new values for `pattern`: its cached choice, or the tuner's. Its
     Problem is (m, k) = the pattern's shape and n = the shared dimension D (sddmm) or 1."""
+    from .tune.tuner import CheckInconclusive
+
     if dtype == torch.float64:
         return pattern._with_values_trusted(dense())
     choice = st.chosen.get(key)
     if choice is None:
         ours = {f: (lambda cfg, f=f: run(f, cfg)) for f in registry.families(op, pattern) if f.available(pattern.device)}
         epilogue = Epilogue(scale=key[-1])
-        choice = st.chosen[key] = outside_graph_pools(lambda: choose(
-            op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=expected,
-            result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
+        try:
+            choice = st.chosen[key] = outside_graph_pools(lambda: choose(
+                op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense},
+                expected=functools.cache(expected),
+                result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
+        except CheckInconclusive:  # no finite truth on this input: dense now, tuned on a later call
+            return pattern._with_values_trusted(dense())
         _release(pattern, st.chosen.items())  # (the measurements' bitmap, where the choice reads none)
     family = registry.by_name(choice.backend)
     values = run(family, choice.config) if family is not None else dense()
@@ -534,7 +552,10 @@ def _library_prior(problem: Problem, name: str, device) -> float:
 def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout="linear"):
     """The tuner's Choice for this problem. `expected()` is the float64 truth and
     `result(output)` puts a candidate's output in the same shape, for the one check of the
-    winner."""
+    winner, held to the truth where it has one (reference.checkable); raises
+    CheckInconclusive when it has none."""
+    from .tune.tuner import CheckInconclusive
+
     tuner = get_tuner()
     dtype_name = str(dtype).removeprefix("torch.")
     problem = problem_of(op, A, k, n, dtype_name, epilogue, layout)
@@ -546,7 +567,16 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             expect = expected()
             if expect.numel() == 0:
                 return True
-            err = reference.rel_err(result(run()), expect)  # NaN (a non-finite output) fails
+            got = result(run())
+            mask = reference.checkable(expect, got.dtype if got.dtype != torch.float64 else dtype)
+            if not bool(mask.any()):
+                raise CheckInconclusive(f"no element of the {op} truth is finite in {dtype_name}")
+            whole = bool(mask.all())
+
+            def err_of(out):  # NaN (a non-finite output where the truth is finite) fails
+                return reference.rel_err(out if whole else out[mask], expect if whole else expect[mask])
+
+            err = err_of(got)
             if err <= tol:
                 return True
             # An input at the edge of its dtype (values near the subnormals, cancellation) can put
@@ -554,7 +584,7 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             # dense's error, not to a bar nothing clears (the tuner would fail the call).
             if not dense_err:
                 dense = library.get("dense")
-                dense_err.append(reference.rel_err(result(dense()), expect) if dense else float("nan"))
+                dense_err.append(err_of(result(dense())) if dense else float("nan"))
             return err <= 2 * dense_err[0]
         return verify
 

@@ -16,6 +16,15 @@ def tolerance(dtype) -> float:
     return TOLERANCE[str(dtype).removeprefix("torch.")]
 
 
+def checkable(truth: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where a result in `dtype` can be held to `truth`: finite truths at most half the dtype's
+    largest value. A NaN or inf in the user's input (or an output past fp16's range) leaves no
+    right answer there, and kernels that skip the pruned zeros spread a NaN to fewer outputs
+    than dense does (0 x NaN is never computed)."""
+    limit = torch.finfo(dtype).max / 2 if dtype.is_floating_point else float("inf")
+    return truth.isfinite() & (truth.abs() <= limit)
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; NaN when out has a non-finite value (so that it
     passes no tolerance: an output element never written holds the NaN it was poisoned with)."""

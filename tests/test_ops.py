@@ -321,6 +321,62 @@ def test_sddmm(monkeypatch, kind, which, dtype):
     check_close(out.to_dense(), ref.sddmm(a, b, pattern, 0.125), dtype)
 
 
+# --- inputs without a right answer everywhere (NaN, inf, past fp16's range) --------------------
+@pytest.mark.parametrize("kind", ["csr", "block"])
+def test_a_nan_in_one_token_is_checked_on_the_others(monkeypatch, kind):
+    """The tuner's check holds a candidate to the truth where the truth is finite: the first call
+    neither fails nor falls back because the user's input holds a NaN."""
+    A = make_format(kind)
+    tuner = force(monkeypatch, OURS[kind])
+    x = torch.randn(5, K, generator=_gen(11))
+    x[0, 3] = float("nan")
+    y = st.linear(x, A)
+    assert chosen_backends(tuner) == {OURS[kind]}
+    check_close(y[1:], ref.linear(x[1:], A), torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["csr", "block"])
+def test_no_finite_truth_tunes_on_stand_ins(monkeypatch, kind):
+    """One token holding an inf leaves no output to check: the tuner runs on stand-ins of the same
+    layout, the call still computes the user's input, and the choice serves the next calls."""
+    A = make_format(kind)
+    tuner = force(monkeypatch, OURS[kind])
+    x = torch.randn(1, K, generator=_gen(12))
+    x[0, 5] = float("inf")
+    given = x.clone()
+    y = st.linear(x, A)
+    assert torch.equal(x, given)
+    assert chosen_backends(tuner) == {OURS[kind]}
+    expect = ref.linear(x, A)
+    finite = expect.isfinite()
+    assert rel_err(y[finite], expect[finite]) <= TOL[torch.float32]
+    x2 = torch.randn(1, K, generator=_gen(13))
+    check_close(st.linear(x2, A), ref.linear(x2, A), torch.float32)
+
+
+def test_an_fp16_output_past_its_range_does_not_fail_the_call(monkeypatch):
+    A = make_format("block", torch.float16)
+    tuner = force(monkeypatch, "blocked")
+    x = torch.randn(4, K, generator=_gen(14)).half()
+    x[0] = 3e4  # row 0's outputs overflow fp16
+    y = st.linear(x, A)
+    assert chosen_backends(tuner) == {"blocked"}
+    check_close(y[1:], ref.linear(x[1:], A), torch.float16)
+
+
+def test_sddmm_without_a_finite_truth_runs_dense_this_call(monkeypatch):
+    pattern = make_format("csr")
+    tuner = force(monkeypatch, "sddmm")
+    a = torch.randn(M, 24, generator=_gen(15))
+    b = torch.randn(K, 24, generator=_gen(16))
+    a[:, 0] = float("nan")  # every sampled dot product is NaN
+    out = st.sddmm(a, b, pattern)
+    assert out.values.isnan().all() and not tuner._memo  # dense's answer; nothing chosen on it
+    a[:, 0] = 1.0
+    check_close(st.sddmm(a, b, pattern).to_dense(), ref.sddmm(a, b, pattern), torch.float32)
+    assert chosen_backends(tuner) == {"sddmm"}
+
+
 # --- sparse softmax ----------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("kind,which", [("csr", "softmax"), ("block", "softmax"), ("csr", "dense"), ("block", "dense")])

@@ -346,12 +346,20 @@ class Tuner:
             return True
         try:
             ok, error = bool(c.check()), "wrong result: output does not match the reference"
+        except CheckInconclusive:
+            raise
         except Exception as e:
             ok, error = False, f"check raised {type(e).__name__}: {e}"
         if not ok:
             row = rows.setdefault(i, {"backend": c.backend, "config": cfg, "predicted": predicted})
             row.update(seconds=None, error=error)
         return ok
+
+
+class CheckInconclusive(Exception):
+    """A check that cannot judge its candidate on this input (no element of the truth can be
+    held to): the tuner stops without recording anything, and the caller decides (dispatch
+    tunes on stand-in operands)."""
 
 
 def _takes_bound(measurer) -> bool:
