@@ -2,6 +2,8 @@
 layer: state_dict, autograd, torch.compile, CUDA graphs, `.to()`."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -217,6 +219,11 @@ class SparseLinear(nn.Module):
             with torch.no_grad():
                 self.weight_values.copy_(fmt.values)
             fmt = fmt._with_values_trusted(self.weight_values)
+        else:  # nn.Linear would refuse; a sparse checkpoint may keep other positions: said, not silent
+            warnings.warn(f"{prefix}weight: the checkpoint keeps {fmt.values.numel()} values where this layer "
+                          f"kept {self.weight_values.numel()} ({fmt.spec}): weight_values is a new Parameter, "
+                          "so an optimizer built before this load, and layers tied to this one, still hold "
+                          "the old one (build optimizers after loading)", stacklevel=2)
         self._adopt(fmt, self.weight_values.requires_grad)
 
     def _apply(self, fn, recurse=True):

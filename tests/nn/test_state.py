@@ -215,6 +215,17 @@ def test_load_copies_into_the_same_parameter_so_an_optimizer_built_before_still_
     assert torch.allclose(run(dst, x), st.reference.linear(x, dst.weight, dst.bias).float(), atol=1e-5)
 
 
+def test_a_checkpoint_keeping_other_values_warns_that_the_parameter_is_new():
+    """nn.Linear refuses a size mismatch; a sparse checkpoint pruned further is adopted, and the
+    user is told that an optimizer built before the load no longer holds the layer's values."""
+    src, dst = layer(0, "csr", 0.9), layer(1, "csr", 0.5)
+    param = dst.weight_values
+    with pytest.warns(UserWarning, match="new Parameter"):
+        dst.load_state_dict(src.state_dict())
+    assert dst.weight_values is not param
+    assert torch.equal(dst.weight.to_dense(), src.weight.to_dense())
+
+
 class TiedPair(nn.Module):
     def __init__(self):
         super().__init__()
