@@ -10,6 +10,7 @@ to a module that is not a linear layer is left dense, since pruning would break 
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,9 +62,18 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"sparsify: tokens must be a positive int, got {tokens!r}")
     plan = _plan(model, pattern, sparsity, filter_fn)
+    again = [n for n, (m, _, _) in plan.items() if isinstance(m, SparseLinear)]
+    if again:
+        warnings.warn(f"sparsify: {len(again)} layer(s) asked for are already sparse and stay as they are "
+                      f"({', '.join(again[:3])}{', ...' if len(again) > 3 else ''}): see their reports", stacklevel=2)
     reports, replacements, made = {}, {}, {}  # made: id(dense weight) -> (name, SparseLinear, bias)
     attention = {}  # MultiheadAttention name -> its SparseMultiheadAttention
     for name, (module, choice, skipped) in plan.items():
+        if isinstance(module, SparseLinear):  # asked for, already sparse: said, not silently kept
+            w = module.weight
+            reports[name] = LayerReport(name, tuple(w.shape), None, dense_bytes=w.shape[0] * w.shape[1] * w.values.element_size(),
+                                        sparse_bytes=w.nbytes, skipped=skipped)
+            continue
         conv = isinstance(module, nn.Conv2d)
         shape = (module.out_channels, module.in_channels) if conv else (module.out_features, module.in_features)
         dense_bytes = 0 if nn.parameter.is_lazy(module.weight) else module.weight.numel() * module.weight.element_size()
@@ -147,6 +157,9 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
             elif any(not isinstance(model.get_submodule(o), nn.Linear) for o in owners.get(id(m.weight), [])):
                 skip = "its weight is tied to a module that is not a linear layer: pruning would break the tie"
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
+        elif isinstance(m, SparseLinear) and name and _select(name, m, choose, filter_fn, "")[0] is not None:
+            plan[name] = (m, None, f"already sparse ({m.weight.signature}): sparsify prunes dense layers; "
+                                   "to prune further, build it again from its dense weight (weight.to_dense())")
         elif isinstance(m, nn.Conv2d):
             skip = ""
             if not name:

@@ -60,6 +60,19 @@ def _assert_unchanged(model, modules_before, state_before):
 
 
 # --- nn.Linear subclasses ---------------------------------------------------------------------------
+def test_sparsify_again_reports_the_layers_already_sparse_and_warns():
+    """Iterative pruning by calling sparsify twice does nothing to a SparseLinear: it says so
+    (a report per layer asked for, and one warning) instead of returning nothing."""
+    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 16))
+    sparsify(model, "csr", 0.5)
+    before = [m.weight.to_dense().clone() for m in (model[0], model[2])]
+    with pytest.warns(UserWarning, match="already sparse"):
+        reports = sparsify(model, {"0": ("csr", 0.9)})
+    assert list(reports) == ["0"] and reports["0"].pattern is None and "already sparse" in reports["0"].skipped
+    assert reports["0"].shape == (48, 32)
+    assert all(torch.equal(b, m.weight.to_dense()) for b, m in zip(before, (model[0], model[2])))
+
+
 def test_linear_subclass_keeping_forward_is_converted():
     torch.manual_seed(0)
     model = nn.Sequential(nn.modules.linear.NonDynamicallyQuantizableLinear(32, 48, dtype=F64), nn.ReLU(),
