@@ -58,22 +58,24 @@ def _density(p: Pattern, sparsity) -> float:
 
 
 def _keep_top(scores: torch.Tensor, density: float, sizes: torch.Tensor | None = None) -> torch.Tensor:
-    """Boolean mask of the highest scores, covering round(density * total size) entries.
+    """Boolean mask of the highest scores: all but round(sparsity * total size) entries, as
+    torch.nn.utils.prune counts (a 1-entry layer at 50% keeps its entry, not none).
 
     `sizes` (entries per score; edge blocks are smaller) make the achieved sparsity exact
-    where units differ in size: units are then ranked by score per entry.
+    where units differ in size: units are then ranked by score per entry, and a unit whose
+    middle falls on the budget is kept (one 64 x 64 block at 50% stays, not pruned away).
     """
     flat = scores.reshape(-1)
     keep = torch.zeros(flat.numel(), dtype=torch.bool, device=scores.device)
     if sizes is None:
-        k = int(round(density * flat.numel()))
+        k = flat.numel() - int(round((1.0 - density) * flat.numel()))
         if k:
             keep[torch.topk(flat, k, sorted=False).indices] = True
         return keep.reshape(scores.shape)
     sizes = sizes.reshape(-1).to(flat.device, torch.float64)
     order = torch.argsort(flat.double() / sizes.clamp_min(1), descending=True, stable=True)
     reach = torch.cumsum(sizes[order], 0) - sizes[order] / 2  # keep a unit if most of it fits
-    keep[order[reach < density * sizes.sum()]] = True
+    keep[order[reach <= density * sizes.sum()]] = True
     return keep.reshape(scores.shape)
 
 

@@ -123,3 +123,19 @@ def test_extreme_sparsities():
     assert st.sparsify_weight(w, "csr", 1.0).nnz == 0
     assert torch.equal(st.sparsify_weight(w, "shfl:16", 0.0).to_dense(), w)
     assert st.sparsify_weight(w, "block:16", 1.0).nnz == 0
+
+
+@pytest.mark.parametrize("pattern, shape", [("csr", (1, 1)), ("block:64", (64, 64)), ("block:64", (64, 10))])
+def test_a_tie_at_the_budget_keeps_the_unit(pattern, shape):
+    """One unit at 50%: kept (as torch.nn.utils.prune counts: round(0.5) entries pruned), never
+    the whole layer pruned away for a sparsity of one half."""
+    w = torch.randn(*shape)
+    A = st.sparsify_weight(w, pattern, 0.5)
+    assert torch.equal(A.to_dense(), w)
+
+
+def test_the_count_pruned_is_torchs():
+    w = torch.randn(7, 9)
+    for sparsity in (0.1, 0.25, 0.5, 0.9):
+        kept = int((st.sparsify_weight(w, "csr", sparsity).to_dense() != 0).sum())
+        assert kept == w.numel() - round(sparsity * w.numel())
