@@ -253,9 +253,15 @@ class SparseFormat:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors().values())
 
-    def to(self, device) -> "SparseFormat":
-        device = torch.device(device)
-        return dataclasses.replace(self, **{k: t.to(device) for k, t in self._tensors().items()})
+    def to(self, *args, **kwargs) -> "SparseFormat":
+        """Tensor.to's forms: a device moves every tensor, a floating dtype casts the values (the
+        indices keep theirs): A.to("cuda"), A.to(torch.float16), A.to("cuda", torch.bfloat16)."""
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None and not dtype.is_floating_point:
+            raise TypeError(f"a sparse weight's values take a floating dtype, got {dtype}")
+        out = self if device is None else \
+            dataclasses.replace(self, **{k: t.to(device) for k, t in self._tensors().items()})
+        return out if dtype is None or dtype == out.values.dtype else out.with_values(out.values.to(dtype))
 
     def to_dense(self) -> torch.Tensor:
         return self._scatter(self.values)

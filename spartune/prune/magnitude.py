@@ -2,6 +2,7 @@
 squared weight, under the pattern's constraints."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ def sparsify_weight(w: torch.Tensor, pattern, sparsity: float | None = None, *, 
 def _density(p: Pattern, sparsity) -> float:
     fixed = p.fixed_density
     if sparsity is not None:
-        if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity <= 1.0:
+        if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real) or not 0.0 <= sparsity <= 1.0:
             raise ValueError(f"sparsity must be a number in [0, 1], got {sparsity!r}")
         if fixed is not None and abs((1.0 - sparsity) - fixed) > 1e-6:
             raise ValueError(f"pattern {p} fixes the sparsity at {1 - fixed:g}; got sparsity={sparsity:g}")

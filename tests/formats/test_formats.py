@@ -252,3 +252,24 @@ def test_packed_positions_refuse_stray_codes_and_bad_positions():
     assert vnm.idx.shape == (16, 1) and torch.equal(
         st.VNM(shape=vnm.shape, v=16, m=8, cols=vnm.cols, values=vnm.values, idx=vnm.positions.clone()).to_dense(),
         vnm.to_dense())
+
+
+@pytest.mark.parametrize("pattern, sparsity", [("csr", 0.9), ("block:16", 0.5), ("shfl:16", 0.5), ("2:4", None),
+                                               ("64:2:8", None)])
+def test_to_takes_tensor_to_forms(pattern, sparsity):
+    """A.to(dtype), A.to(device, dtype), A.to(dtype=...): the values cast, the indices kept."""
+    A = st.sparsify_weight(torch.randn(64, 128), pattern, sparsity)
+    for B, dtype in ((A.to(torch.float16), torch.float16), (A.to("cpu", torch.float64), torch.float64),
+                     (A.to(dtype=torch.bfloat16), torch.bfloat16), (A.to("cpu"), torch.float32)):
+        assert type(B) is type(A) and B.dtype == dtype
+        assert torch.equal(B.to_dense(), A.to_dense().to(dtype))
+        assert all(torch.equal(b, a) for b, a in zip(B.tensor_list()[1:], A.tensor_list()[1:]))
+    with pytest.raises(TypeError, match="floating dtype"):
+        A.to(torch.int32)
+
+
+def test_a_numpy_sparsity_is_a_number():
+    import numpy as np
+
+    A = st.sparsify_weight(torch.randn(16, 16), "csr", np.float32(0.75))
+    assert A.stats().density == 0.25
