@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .bench import suites
 from .tune.problem import MEMORY_POLICIES
+from .versions import __version__
 
 NO_REEXEC_ENV = "SPARTUNE_NO_REEXEC"
 E2E_DESCRIPTION = ("whole models, dense and sparse, eager and torch.compile: BERT-base, a Llama-7B decoder layer "
@@ -86,6 +87,7 @@ def _problem_args(p: argparse.ArgumentParser, *, suite_help: str, extra_suites=(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spartune", description="Fast pruned neural networks on NVIDIA GPUs.")
+    parser.add_argument("--version", action="version", version=f"spartune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     acc = sub.add_parser("accuracy", help="all-MiniLM-L6-v2 pruned into every pattern at 50/75/90%%: weight kept, "

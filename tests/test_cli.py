@@ -67,6 +67,14 @@ def test_help_lists_suites_and_commands(capsys):
         assert command in out
 
 
+def test_version(capsys):
+    from spartune.versions import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"spartune {__version__}"
+
+
 def test_bench_list(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
