@@ -176,8 +176,9 @@ class SparseLinear(nn.Module):
         adopted whole or refused with a message."""
         mine = [k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]]
         spec = _spec_of(state_dict, prefix)
-        if spec is None:
-            missing_keys.append(prefix + _SPEC_KEY)
+        if spec is None:  # none of this layer's state is there: every key it holds is missing
+            own = [f"weight_{n}" for n in self._weight.tensor_fields()] + (["bias"] if self.bias is not None else [])
+            missing_keys.extend(prefix + k for k in own + [_SPEC_KEY] if prefix + k not in state_dict)
             if any(k == prefix + "weight" for k in mine):
                 error_msgs.append(f"{prefix}weight is a dense tensor: this state_dict holds an nn.Linear, not a "
                                   "spartune SparseLinear (prune it with SparseLinear.from_linear instead)")

@@ -268,6 +268,15 @@ def test_missing_keys_are_refused():
         assert_unchanged(target, snap)
 
 
+def test_a_layer_missing_from_the_checkpoint_reports_each_of_its_keys():
+    """As nn.Linear reports weight and bias, a SparseLinear absent from a checkpoint reports every
+    key it holds (strict=False), not its spec alone."""
+    src, dst = mlp(0, "csr", 0.8), mlp(1, "csr", 0.8)
+    sd = {k: v for k, v in src.state_dict().items() if not k.startswith("2.")}
+    result = dst.load_state_dict(sd, strict=False)
+    assert sorted(result.missing_keys) == sorted(k for k in dst.state_dict() if k.startswith("2."))
+
+
 def test_an_unexpected_key_is_refused_when_strict():
     """strict=True raises on an extra key, naming it. As for nn.Linear, the layer's own keys are
     loaded all the same: torch calls every module's _load_from_state_dict with strict=True
