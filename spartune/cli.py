@@ -466,6 +466,10 @@ def _rate(x, unit, digits=0):
 def _db(args) -> int:
     from .tune.db import TuningDB
 
+    folder = Path(args.path).parent
+    if args.db_command == "export" and not folder.is_dir():  # (else: the temporary file's name, not this)
+        print(f"spartune db export: {folder}: no such directory", file=sys.stderr)
+        return 1
     try:
         with TuningDB() as db:
             if args.db_command == "export":

@@ -189,6 +189,8 @@ def test_db_export_import_round_trip(capsys, monkeypatch, tmp_path):
 
     assert main(["db", "import", str(tmp_path / "missing.json")]) == 1
     assert "no such file" in capsys.readouterr().err
+    assert main(["db", "export", str(tmp_path / "no_dir" / "x.json")]) == 1
+    assert f"{tmp_path / 'no_dir'}: no such directory" in capsys.readouterr().err
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"format": "something-else"}))
     assert main(["db", "import", str(other)]) == 1
