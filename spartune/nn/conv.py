@@ -68,8 +68,11 @@ class SparseConv2d(nn.Module):
         return (layer, report) if return_report else layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3 and x.shape[0] == self.in_channels:  # unbatched, as nn.Conv2d takes it
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"SparseConv2d expects (batch, {self.in_channels}, height, width), got {tuple(x.shape)}")
+            raise ValueError(f"SparseConv2d expects ({self.in_channels}, height, width) or (batch, {self.in_channels}, "
+                             f"height, width), got {tuple(x.shape)}")
         b, c, h, w = x.shape
         pixels = x.permute(0, 2, 3, 1).reshape(b * h * w, c)  # a view when x is channels-last
         y = self.linear(pixels, activation=self.activation)

@@ -38,6 +38,16 @@ def test_matches_conv2d(pattern, sparsity, channels_last):
     assert torch.equal(dense, torch.where(dense != 0, conv.weight[:, :, 0, 0], 0))  # kept entries are the conv's
 
 
+def test_an_unbatched_image_as_conv2d_takes_it():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 24, 1).double()
+    layer = st.SparseConv2d.from_conv(conv, "csr", 0.5)
+    x = torch.randn(16, 5, 6, dtype=torch.float64)
+    y = layer(x)
+    assert y.shape == (24, 5, 6)
+    assert torch.allclose(y, reference(layer, x[None])[0], atol=1e-12)
+
+
 def test_batch_norm_folded_first_matches_conv_bn_relu():
     torch.manual_seed(1)
     conv, bn = nn.Conv2d(16, 24, 1, bias=False).double(), nn.BatchNorm2d(24).double()
