@@ -301,6 +301,20 @@ def tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residu
 _worker = None
 
 
+def _stand_in(t, gen):
+    """Random values in t's layout (its strides, expanded dimensions included), for tuning where
+    the user's operands leave nothing to check; randn_like where that layout cannot be rebuilt."""
+    if t is None:
+        return None
+    base = [1 if stride == 0 else size for size, stride in zip(t.shape, t.stride())]
+    try:
+        out = torch.empty_strided(base, t.stride(), dtype=t.dtype, device=t.device)
+        out.copy_(torch.randn(base, generator=gen, device=t.device).to(t.dtype))
+        return out.expand(t.shape)
+    except RuntimeError:  # a layout overlapping itself otherwise (as_strided)
+        return torch.randn(t.shape, generator=gen, device=t.device).to(t.dtype)
+
+
 def outside_graph_pools(fn, device: torch.device):
     """fn() on a worker thread, on the caller's stream. While torch.compile's CUDA graphs
     (cudagraph trees) warm a graph up, every allocation of the calling thread goes to the
@@ -326,22 +340,24 @@ def outside_graph_pools(fn, device: torch.device):
 
 
 def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale, prologue):
-    from .tune.tuner import CheckInconclusive
+    from .tune.tuner import Choice
 
     epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0, _prologue_name(prologue))
-
-    def tune(x, bias, residual, prologue):
-        ours, library = linear_runs(A, x, out, bias, activation, residual, scale, prologue)
-        truth = functools.cache(lambda: reference.linear(x, A, bias, activation, residual, scale, prologue))
-        return choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
-                      expected=truth, result=lambda y: y, layout=_layout(x))
-
-    try:
-        choice = tune(x, bias, residual, prologue)
-    except CheckInconclusive:  # e.g. a NaN in every token: tuned on stand-ins of the same layouts
-        stand_in = lambda t: None if t is None else torch.randn_like(t)  # noqa: E731
-        choice = tune(stand_in(x), stand_in(bias), stand_in(residual),
-                      None if prologue is None else (stand_in(prologue[0]), *prologue[1:]))
+    limit = out.dtype if out.dtype != torch.float64 else x.dtype  # (as choose's check reads it)
+    operands = (x, bias, residual, prologue)
+    truth = functools.cache(lambda: reference.linear(x, A, bias, activation, residual, scale, prologue))
+    if not bool(reference.checkable(truth(), limit).any()):  # e.g. a NaN in every token: stand-ins
+        gen = torch.Generator(x.device).manual_seed(0)  # (the user's random stream is left alone)
+        operands = (_stand_in(x, gen), _stand_in(bias, gen), _stand_in(residual, gen),
+                    None if prologue is None else (_stand_in(prologue[0], gen), *prologue[1:]))
+        truth = functools.cache(lambda: reference.linear(operands[0], A, operands[1], activation, operands[2],
+                                                         scale, operands[3]))
+    if bool(reference.checkable(truth(), limit).any()):
+        ours, library = linear_runs(A, operands[0], out, operands[1], activation, operands[2], scale, operands[3])
+        choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
+                        expected=truth, result=lambda y: y, layout=_layout(operands[0]))
+    else:  # no finite truth even on stand-ins (the weight itself holds NaN in every row): dense
+        choice = Choice("dense", None, None, None)
     st.chosen[key] = choice
     _release(A, st.chosen.items())
     launch = launcher(A, choice.backend, choice.config, st.bindings)
@@ -443,21 +459,18 @@ VALUES_OPS = ("sddmm", "softmax")  # their call keys (sddmm, softmax) start with
 def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
     """An op whose result is new values for `pattern`: its cached choice, or the tuner's. Its
     Problem is (m, k) = the pattern's shape and n = the shared dimension D (sddmm) or 1."""
-    from .tune.tuner import CheckInconclusive
-
     if dtype == torch.float64:
         return pattern._with_values_trusted(dense())
     choice = st.chosen.get(key)
     if choice is None:
         ours = {f: (lambda cfg, f=f: run(f, cfg)) for f in registry.families(op, pattern) if f.available(pattern.device)}
         epilogue = Epilogue(scale=key[-1])
-        try:
-            choice = st.chosen[key] = outside_graph_pools(lambda: choose(
-                op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense},
-                expected=functools.cache(expected),
-                result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
-        except CheckInconclusive:  # no finite truth on this input: dense now, tuned on a later call
+        truth = functools.cache(expected)
+        if not bool(reference.checkable(truth(), dtype).any()):  # no finite truth: dense now, tuned later
             return pattern._with_values_trusted(dense())
+        choice = st.chosen[key] = outside_graph_pools(lambda: choose(
+            op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=truth,
+            result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
         _release(pattern, st.chosen.items())  # (the measurements' bitmap, where the choice reads none)
     family = registry.by_name(choice.backend)
     values = run(family, choice.config) if family is not None else dense()

@@ -65,4 +65,5 @@ def sparse_softmax(A: SparseFormat, scale: float = 1.0) -> torch.Tensor:
     mask = A.mask()
     logits = (A.to_dense().double() * scale).masked_fill(~mask, float("-inf"))
     out = torch.softmax(logits, dim=1)
-    return torch.nan_to_num(out, nan=0.0).masked_fill(~mask, 0.0)
+    nan_in = logits.isnan().any(dim=1, keepdim=True)  # a NaN value: its row has no answer (NaN, as torch)
+    return torch.where(nan_in, out, torch.nan_to_num(out, nan=0.0)).masked_fill(~mask, 0.0)

@@ -1,17 +1,21 @@
-"""The CPU suite runs kernels under Triton's interpreter on any machine, so the README's
-`python -m pytest -q` means the same on a laptop, in CI and on a GPU machine. The GPU tests
-(tests/gpu, marked `gpu`) run compiled only when SPARTUNE_GPU_TESTS=1 asks for them on a CUDA
-machine (scripts/gpu.sh exports it and selects `-m gpu`); they are skipped otherwise.
+"""The CPU suite runs kernels under Triton's interpreter with no GPU visible, on any machine, so
+the README's `python -m pytest -q` means the same on a laptop, in CI and on a GPU machine (there a
+visible GPU would give the suite a measuring tuner, a cache directory and skips meant for the
+GPU). The GPU tests (tests/gpu, marked `gpu`) run compiled only when SPARTUNE_GPU_TESTS=1 asks for
+them (scripts/gpu.sh exports it and selects `-m gpu`); they are skipped otherwise.
 
-The choice is made here, when the root conftest is imported: Triton reads TRITON_INTERPRET when a
-kernel is defined, and a subdirectory's conftest named on the command line imports spartune
-before any pytest hook runs (LOG, session 32)."""
+The choice is made here, when the root conftest is imported, before torch: Triton reads
+TRITON_INTERPRET when a kernel is defined, and a subdirectory's conftest named on the command line
+imports spartune before any pytest hook runs (LOG, session 32)."""
 import os
 
-import torch
+ASKED = os.environ.get("SPARTUNE_GPU_TESTS") == "1"
+if not ASKED:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # (read when torch first asks for the GPUs)
 
-HAS_CUDA = torch.cuda.is_available()
-GPU_TESTS = HAS_CUDA and os.environ.get("SPARTUNE_GPU_TESTS") == "1"
+import torch  # noqa: E402
+
+GPU_TESTS = ASKED and torch.cuda.is_available()
 if not GPU_TESTS:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -36,10 +40,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if GPU_TESTS:
         return
-    reason = ("the GPU tests run compiled: SPARTUNE_GPU_TESTS=1 python -m pytest -m gpu "
-              "(scripts/gpu.sh)" if HAS_CUDA
-              else "needs a CUDA GPU (scripts/gpu.sh runs these on the GPU machine)")
-    skip = pytest.mark.skip(reason=reason)
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and SPARTUNE_GPU_TESTS=1 (on the GPU machine: "
+                                   "scripts/gpu.sh, or SPARTUNE_GPU_TESTS=1 python -m pytest -m gpu)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -354,6 +354,25 @@ def test_no_finite_truth_tunes_on_stand_ins(monkeypatch, kind):
     check_close(st.linear(x2, A), ref.linear(x2, A), torch.float32)
 
 
+def test_stand_ins_keep_the_operands_layout():
+    g = torch.Generator().manual_seed(0)
+    for t in (torch.randn(6, 20)[:, ::2], torch.randn(8, 4).T, torch.randn(6, 1).expand(6, 9)):
+        s = dispatch._stand_in(t, g)
+        assert s.shape == t.shape and s.stride() == t.stride() and s.isfinite().all()
+
+
+def test_a_weight_without_a_finite_row_runs_dense(monkeypatch):
+    """Nothing to check even on stand-ins: the layer computes what dense does, no error."""
+    A = make_format("csr")
+    A = A.with_values(torch.full_like(A.values, float("nan")))
+    force(monkeypatch, "csr")
+    x = torch.randn(3, K, generator=_gen(17))
+    rng = torch.get_rng_state()
+    y = st.linear(x, A)
+    assert y.shape == (3, M) and y.isnan().any()
+    assert torch.equal(torch.get_rng_state(), rng)  # stand-ins draw from their own generator
+
+
 def test_an_fp16_output_past_its_range_does_not_fail_the_call(monkeypatch):
     A = make_format("block", torch.float16)
     tuner = force(monkeypatch, "blocked")
@@ -375,6 +394,19 @@ def test_sddmm_without_a_finite_truth_runs_dense_this_call(monkeypatch):
     a[:, 0] = 1.0
     check_close(st.sddmm(a, b, pattern).to_dense(), ref.sddmm(a, b, pattern), torch.float32)
     assert chosen_backends(tuner) == {"sddmm"}
+
+
+def test_softmax_with_a_nan_in_one_row_is_checked_on_the_others(monkeypatch):
+    A = make_format("csr")
+    tuner = force(monkeypatch, "softmax")
+    values = A.values.clone()
+    values[-1] = float("nan")  # the last stored entry: one row holds a NaN
+    B = A.with_values(values)
+    out = st.sparse_softmax(B, scale=0.5)
+    assert chosen_backends(tuner) == {"softmax"}
+    expect = ref.sparse_softmax(B, 0.5)
+    rows = expect.isfinite().all(dim=1)
+    assert not rows.all() and rel_err(out.to_dense()[rows], expect[rows]) <= TOL[torch.float32]
 
 
 # --- sparse softmax ----------------------------------------------------------------------------

@@ -157,7 +157,7 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
             elif any(not isinstance(model.get_submodule(o), nn.Linear) for o in owners.get(id(m.weight), [])):
                 skip = "its weight is tied to a module that is not a linear layer: pruning would break the tie"
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
-        elif isinstance(m, SparseLinear) and name and _select(name, m, choose, filter_fn, "")[0] is not None:
+        elif isinstance(m, SparseLinear) and name and _asked_for(name, m, choose, filter_fn):
             plan[name] = (m, None, f"already sparse ({m.weight.signature}): sparsify prunes dense layers; "
                                    "to prune further, build it again from its dense weight (weight.to_dense())")
         elif isinstance(m, nn.Conv2d):
@@ -196,6 +196,15 @@ def _attention_projections(mha: nn.MultiheadAttention) -> dict[str, nn.Linear]:
         if packed_bias is not None:
             out[child].bias = packed_bias
     return {**out, "out_proj": mha.out_proj}
+
+
+def _asked_for(name, layer, choose, filter_fn) -> bool:
+    """Whether the user's pattern and filter select an already sparse layer (callables written for
+    nn.Linear may fail on it: then it was not asked for)."""
+    try:
+        return _select(name, layer, choose, filter_fn, "")[0] is not None
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _select(name, module, choose, filter_fn, skip):

@@ -69,14 +69,14 @@ def _keep_top(scores: torch.Tensor, density: float, sizes: torch.Tensor | None =
     flat = scores.reshape(-1)
     keep = torch.zeros(flat.numel(), dtype=torch.bool, device=scores.device)
     if sizes is None:
-        k = flat.numel() - int(round((1.0 - density) * flat.numel()))
+        k = flat.numel() - int(round(round(1.0 - density, 12) * flat.numel()))  # (1 - density: the sparsity given)
         if k:
             keep[torch.topk(flat, k, sorted=False).indices] = True
         return keep.reshape(scores.shape)
     sizes = sizes.reshape(-1).to(flat.device, torch.float64)
     order = torch.argsort(flat.double() / sizes.clamp_min(1), descending=True, stable=True)
     reach = torch.cumsum(sizes[order], 0) - sizes[order] / 2  # keep a unit if most of it fits
-    keep[order[reach <= density * sizes.sum()]] = True
+    keep[order[reach <= density * sizes.sum() * (1 + 1e-12)]] = True
     return keep.reshape(scores.shape)
 
 

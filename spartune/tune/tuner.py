@@ -174,7 +174,7 @@ class Tuner:
             if stored is not None and self._doubtful(problem, stored):
                 try:
                     choice = self._tune(problem, cands())
-                except RuntimeError:  # nothing ran correctly this time: the stored choice stands
+                except (RuntimeError, CheckInconclusive):  # nothing ran (or could be checked): the stored choice stands
                     choice = None
             if choice is None and stored is not None and rebuild is not None:
                 config = rebuild(stored["backend"], stored["config"])

@@ -71,6 +71,8 @@ def test_sparsify_again_reports_the_layers_already_sparse_and_warns():
     assert list(reports) == ["0"] and reports["0"].pattern is None and "already sparse" in reports["0"].skipped
     assert reports["0"].shape == (48, 32)
     assert all(torch.equal(b, m.weight.to_dense()) for b, m in zip(before, (model[0], model[2])))
+    # a filter written for nn.Linear is not applied to them (it would fail: a format has no numel)
+    assert sparsify(model, "csr", 0.9, filter_fn=lambda name, m: m.weight.numel() > 100) == {}
 
 
 def test_linear_subclass_keeping_forward_is_converted():
