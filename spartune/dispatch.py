@@ -344,18 +344,25 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
 
     epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0, _prologue_name(prologue))
     limit = out.dtype if out.dtype != torch.float64 else x.dtype  # (as choose's check reads it)
+
+    def truth_of(x, bias, residual, prologue):  # computed once per tuning
+        return functools.cache(lambda: reference.linear(x, A, bias, activation, residual, scale, prologue))
+
+    def checkable(truth) -> bool:
+        return bool(reference.checkable(truth(), limit).any())
+
     operands = (x, bias, residual, prologue)
-    truth = functools.cache(lambda: reference.linear(x, A, bias, activation, residual, scale, prologue))
-    if not bool(reference.checkable(truth(), limit).any()):  # e.g. a NaN in every token: stand-ins
+    truth = truth_of(*operands)
+    if not checkable(truth):  # e.g. a NaN in every token: stand-ins in the same layouts
         gen = torch.Generator(x.device).manual_seed(0)  # (the user's random stream is left alone)
         operands = (_stand_in(x, gen), _stand_in(bias, gen), _stand_in(residual, gen),
                     None if prologue is None else (_stand_in(prologue[0], gen), *prologue[1:]))
-        truth = functools.cache(lambda: reference.linear(operands[0], A, operands[1], activation, operands[2],
-                                                         scale, operands[3]))
-    if bool(reference.checkable(truth(), limit).any()):
-        ours, library = linear_runs(A, operands[0], out, operands[1], activation, operands[2], scale, operands[3])
+        truth = truth_of(*operands)
+    if checkable(truth):
+        tx, tbias, tres, tpro = operands
+        ours, library = linear_runs(A, tx, out, tbias, activation, tres, scale, tpro)
         choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
-                        expected=truth, result=lambda y: y, layout=_layout(operands[0]))
+                        expected=truth, result=lambda y: y, layout=_layout(tx))
     else:  # no finite truth even on stand-ins (the weight itself holds NaN in every row): dense
         choice = Choice("dense", None, None, None)
     st.chosen[key] = choice
