@@ -198,7 +198,8 @@ def run_workload(workload: Workload, pts, *, dtype=torch.float16, device="cuda",
             if pattern != "dense" and time.perf_counter() > deadline:
                 progress(f"time budget spent: {workload.name} {pattern} {sparsity:.0%} and later points not run")
                 break
-            row = dict(workload=workload.name, pattern=pattern, sparsity=sparsity, dtype=str(dtype).split(".")[-1])
+            name = f"{workload.name} (tiny)" if tiny else workload.name  # (a scaled-down model: not its timings)
+            row = dict(workload=name, pattern=pattern, sparsity=sparsity, dtype=str(dtype).split(".")[-1])
             try:
                 rows += _run_point(dense, call, workload, row, base, device, compile, progress)
             except Exception as e:  # noqa: BLE001 - a model that fails is a result to report, not the end of the run
@@ -274,7 +275,7 @@ def run(workloads=WORKLOADS, pts=None, *, dtype=torch.float16, device="cuda", co
         raise RuntimeError("the e2e suite was asked for CUDA but no CUDA device is available")
     doc = dict(kind="e2e", device=torch.cuda.get_device_name() if device == "cuda" else device,
                torch=torch.__version__, dtype=str(dtype).split(".")[-1], compile=compile,
-               memory_policy=dispatch.memory_policy(), rows=[])
+               memory_policy=dispatch.memory_policy(), tiny=tiny, rows=[])
     deadline = time.perf_counter() + (math.inf if budget_s is None else budget_s)
     for w in workloads:
         if time.perf_counter() > deadline:

@@ -19,6 +19,7 @@ def test_every_workload_runs_tiny(workload):
     rows = e2e.run_workload(workload, [("csr", 0.9), ("2:4", 0.5)], dtype=torch.float32, device="cpu",
                             compile=False, tiny=True, progress=lambda _: None)
     assert [(r["pattern"], r["variant"]) for r in rows] == [("dense", "eager"), ("csr", "eager"), ("2:4", "eager")]
+    assert all(r["workload"] == f"{workload.name} (tiny)" for r in rows)  # not the real model's name
     dense, csr, nm = rows
     assert all(r["ms"] > 0 for r in rows)
     # timed in turns with the dense model: the speedup is the median round's ratio, within the
@@ -72,7 +73,7 @@ def test_cli_writes_table_json_plot(tmp_path, capsys):
     assert code == 0
     doc = json.loads((tmp_path / "bench-e2e.json").read_text())
     assert {r["pattern"] for r in doc["rows"]} == {"dense", "block:64x64"}
-    assert "| mobilenet-v1 batch 64 | block:64x64 | 75% |" in (tmp_path / "bench-e2e.txt").read_text()
+    assert "| mobilenet-v1 batch 64 (tiny) | block:64x64 | 75% |" in (tmp_path / "bench-e2e.txt").read_text()
     assert (tmp_path / "bench-e2e.png").stat().st_size > 0
 
 
