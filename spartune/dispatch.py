@@ -340,31 +340,28 @@ def outside_graph_pools(fn, device: torch.device):
 
 
 def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, residual, scale, prologue):
-    from .tune.tuner import Choice
+    from .tune.tuner import CheckInconclusive, Choice
 
     epilogue = Epilogue(bias is not None, activation, residual is not None, scale != 1.0, _prologue_name(prologue))
-    limit = out.dtype if out.dtype != torch.float64 else x.dtype  # (as choose's check reads it)
 
-    def truth_of(x, bias, residual, prologue):  # computed once per tuning
-        return functools.cache(lambda: reference.linear(x, A, bias, activation, residual, scale, prologue))
+    def tune(x, bias, residual, prologue):
+        ours, library = linear_runs(A, x, out, bias, activation, residual, scale, prologue)
+        return choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
+                      expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
+                      result=lambda y: y, layout=_layout(x), out_dtype=out.dtype)
 
-    def checkable(truth) -> bool:
-        return bool(reference.checkable(truth(), limit).any())
+    def stand_ins():  # the same layouts; a generator of their own (the user's random stream is left alone)
+        gen = torch.Generator(x.device).manual_seed(0)
+        return (_stand_in(x, gen), _stand_in(bias, gen), _stand_in(residual, gen),
+                None if prologue is None else (_stand_in(prologue[0], gen), *prologue[1:]))
 
-    operands = (x, bias, residual, prologue)
-    truth = truth_of(*operands)
-    if not checkable(truth):  # e.g. a NaN in every token: stand-ins in the same layouts
-        gen = torch.Generator(x.device).manual_seed(0)  # (the user's random stream is left alone)
-        operands = (_stand_in(x, gen), _stand_in(bias, gen), _stand_in(residual, gen),
-                    None if prologue is None else (_stand_in(prologue[0], gen), *prologue[1:]))
-        truth = truth_of(*operands)
-    if checkable(truth):
-        tx, tbias, tres, tpro = operands
-        ours, library = linear_runs(A, tx, out, tbias, activation, tres, scale, tpro)
-        choice = choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
-                        expected=truth, result=lambda y: y, layout=_layout(tx))
-    else:  # no finite truth even on stand-ins (the weight itself holds NaN in every row): dense
-        choice = Choice("dense", None, None, None)
+    choice = Choice("dense", None, None, None)  # nothing to check even on stand-ins: the weight's NaN rows
+    for operands in (lambda: (x, bias, residual, prologue), stand_ins):  # stand-ins: e.g. a NaN in every token
+        try:
+            choice = tune(*operands())
+            break
+        except CheckInconclusive:
+            continue
     st.chosen[key] = choice
     _release(A, st.chosen.items())
     launch = launcher(A, choice.backend, choice.config, st.bindings)
@@ -466,18 +463,20 @@ VALUES_OPS = ("sddmm", "softmax")  # their call keys (sddmm, softmax) start with
 def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
     """An op whose result is new values for `pattern`: its cached choice, or the tuner's. Its
     Problem is (m, k) = the pattern's shape and n = the shared dimension D (sddmm) or 1."""
+    from .tune.tuner import CheckInconclusive
+
     if dtype == torch.float64:
         return pattern._with_values_trusted(dense())
     choice = st.chosen.get(key)
     if choice is None:
         ours = {f: (lambda cfg, f=f: run(f, cfg)) for f in registry.families(op, pattern) if f.available(pattern.device)}
         epilogue = Epilogue(scale=key[-1])
-        truth = functools.cache(expected)
-        if not bool(reference.checkable(truth(), dtype).any()):  # no finite truth: dense now, tuned later
+        try:
+            choice = st.chosen[key] = outside_graph_pools(lambda: choose(
+                op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=expected,
+                result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
+        except CheckInconclusive:  # no finite truth on this input: dense now, tuned on a later call
             return pattern._with_values_trusted(dense())
-        choice = st.chosen[key] = outside_graph_pools(lambda: choose(
-            op, pattern, pattern.shape[1], n, dtype, epilogue, ours, {"dense": dense}, expected=truth,
-            result=lambda values: values.reshape(-1).double()[backends.value_order(pattern)]), pattern.device)
         _release(pattern, st.chosen.items())  # (the measurements' bitmap, where the choice reads none)
     family = registry.by_name(choice.backend)
     values = run(family, choice.config) if family is not None else dense()
@@ -569,18 +568,23 @@ def _library_prior(problem: Problem, name: str, device) -> float:
     return 2 * m * k * n / device.matrix_rate(problem.dtype) + 3 * dense_out * 4 / device.dram_bw
 
 
-def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout="linear"):
-    """The tuner's Choice for this problem. `expected()` is the float64 truth and
-    `result(output)` puts a candidate's output in the same shape, for the one check of the
-    winner, held to the truth where it has one (reference.checkable); raises
-    CheckInconclusive when it has none."""
-    from .tune.tuner import CheckInconclusive
-
+def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout="linear", out_dtype=None):
+    """The tuner's Choice for this problem. `expected()` is the float64 truth (computed once, and
+    only if a tuning checks) and `result(output)` puts a candidate's output in the same shape, for
+    the one check of the winner, held to the truth where an `out_dtype` result can be
+    (reference.checkable; default: `dtype`); raises CheckInconclusive, before measuring, when
+    nowhere."""
     tuner = get_tuner()
     dtype_name = str(dtype).removeprefix("torch.")
     problem = problem_of(op, A, k, n, dtype_name, epilogue, layout)
     tol = reference.tolerance(dtype_name)
     dense_err = []  # the dense library's own error on this input, measured when first needed
+    expected = functools.cache(expected)
+    limit = out_dtype if out_dtype is not None and out_dtype != torch.float64 else dtype
+    mask = functools.cache(lambda: reference.checkable(expected(), limit))
+
+    def checkable() -> bool:
+        return expected().numel() == 0 or bool(mask().any())
 
     def check(run):
         def verify():
@@ -588,13 +592,10 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             if expect.numel() == 0:
                 return True
             got = result(run())
-            mask = reference.checkable(expect, got.dtype if got.dtype != torch.float64 else dtype)
-            if not bool(mask.any()):
-                raise CheckInconclusive(f"no element of the {op} truth is finite in {dtype_name}")
-            whole = bool(mask.all())
+            whole = bool(mask().all())
 
             def err_of(out):  # NaN (a non-finite output where the truth is finite) fails
-                return reference.rel_err(out if whole else out[mask], expect if whole else expect[mask])
+                return reference.rel_err(out if whole else out[mask()], expect if whole else expect[mask()])
 
             err = err_of(got)
             if err <= tol:
@@ -621,7 +622,8 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             return _STALE
         return cfg if cfg in family.space(problem) else _STALE
 
-    return tuner.pick(problem, lambda: candidates(problem, ours, library, check), rebuild=rebuild, stale=_STALE)
+    return tuner.pick(problem, lambda: candidates(problem, ours, library, check), rebuild=rebuild, stale=_STALE,
+                      checkable=checkable)
 
 
 _STALE = object()  # rebuild's answer for a stored choice that today's space no longer holds

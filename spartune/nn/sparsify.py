@@ -71,8 +71,9 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     for name, (module, choice, skipped) in plan.items():
         if isinstance(module, SparseLinear):  # asked for, already sparse: said, not silently kept
             w = module.weight
-            reports[name] = LayerReport(name, tuple(w.shape), None, dense_bytes=w.shape[0] * w.shape[1] * w.values.element_size(),
-                                        sparse_bytes=w.nbytes, skipped=skipped)
+            dense_bytes = w.shape[0] * w.shape[1] * w.values.element_size()
+            reports[name] = LayerReport(name, tuple(w.shape), None, dense_bytes=dense_bytes, sparse_bytes=w.nbytes,
+                                        skipped=skipped)
             continue
         conv = isinstance(module, nn.Conv2d)
         shape = (module.out_channels, module.in_channels) if conv else (module.out_features, module.in_features)

@@ -160,11 +160,13 @@ class Tuner:
 
     def pick(self, problem: Problem, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]],
              key: tuple | None = None, rebuild: Callable[[str, dict | None], Any] | None = None,
-             stale: Any = None) -> Choice:
+             stale: Any = None, checkable: Callable[[], bool] | None = None) -> Choice:
         """The choice for `problem`. `candidates` may be a callable, built only on a miss;
         `key` is problem.key() when the caller has it precomputed. `rebuild(backend, stored
         config)` turns a DB hit into the config to run, or returns `stale` when today's space no
-        longer holds it: a hit then costs no candidate (no config space, no features)."""
+        longer holds it: a hit then costs no candidate (no config space, no features).
+        `checkable()`: whether the candidates' checks can judge anything on this input, asked
+        before a tuning measures (never on a hit); False raises CheckInconclusive."""
         if key is None:
             key = problem.key()
         choice = self._memo.get(key)
@@ -173,7 +175,7 @@ class Tuner:
             stored = self._stored(problem)
             if stored is not None and self._doubtful(problem, stored):
                 try:
-                    choice = self._tune(problem, cands())
+                    choice = self._tune(problem, cands(), checkable=checkable)
                 except (RuntimeError, CheckInconclusive):  # nothing ran (or could be checked): the stored choice stands
                     choice = None
             if choice is None and stored is not None and rebuild is not None:
@@ -181,7 +183,7 @@ class Tuner:
                 if config is not stale:
                     choice = Choice(stored["backend"], config, stored["predicted"], stored["seconds"])
             if choice is None:
-                choice = self._tune(problem, cands(), stored)
+                choice = self._tune(problem, cands(), stored, checkable)
             self._memo[key] = choice
         return choice
 
@@ -218,7 +220,8 @@ class Tuner:
         return predict(candidate.features, self.device, dtype)
 
     # --- a miss ----------------------------------------------------------------------------------
-    def _tune(self, problem: Problem, cands: list[Candidate], stored: dict | None = None) -> Choice:
+    def _tune(self, problem: Problem, cands: list[Candidate], stored: dict | None = None,
+              checkable: Callable[[], bool] | None = None) -> Choice:
         if not cands:
             raise ValueError(f"no candidates for {problem.op} {problem.fmt} ({problem.m}x{problem.k}, n={problem.n})")
         configs = [config_json(c.config) for c in cands]
@@ -229,6 +232,8 @@ class Tuner:
                 if c.backend == stored["backend"] and canonical(cfg) == wanted:
                     return Choice(c.backend, c.config, stored["predicted"], stored["seconds"])
             # the stored config is no longer in the space: tune again
+        if checkable is not None and not checkable():  # before anything is measured or recorded
+            raise CheckInconclusive(f"{problem.op} {problem.fmt}: no output of this input can be checked")
 
         preds = [self.predicted(c, problem.dtype) for c in cands]
         order = sorted(range(len(cands)), key=lambda i: preds[i])
@@ -346,8 +351,6 @@ class Tuner:
             return True
         try:
             ok, error = bool(c.check()), "wrong result: output does not match the reference"
-        except CheckInconclusive:
-            raise
         except Exception as e:
             ok, error = False, f"check raised {type(e).__name__}: {e}"
         if not ok:
@@ -357,9 +360,8 @@ class Tuner:
 
 
 class CheckInconclusive(Exception):
-    """A check that cannot judge its candidate on this input (no element of the truth can be
-    held to): the tuner stops without recording anything, and the caller decides (dispatch
-    tunes on stand-in operands)."""
+    """The candidates' checks cannot judge anything on this input (pick's `checkable`): the tuner
+    stops before measuring or recording, and the caller decides (dispatch tunes on stand-ins)."""
 
 
 def _takes_bound(measurer) -> bool:
