@@ -163,17 +163,18 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
     return out
 
 
-def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
+def cold_replay(fn: Callable[[], object], rep_ms: float = 100, evict: Callable[[], object] | None = None) -> float:
     """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
     operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
     are replayed in turns and the median of the paired differences is kept, so a drift of the
     ~35 us write between rounds cancels instead of landing on a short call. Rounds of ~1 ms
     (more rounds when rep_ms > 10). Raises when nothing is left.
     (Known, benchmarks/LOG.md: the write leaves dirty lines whose write-back the call's reads
-    pay and the next write saves; do_bench's flush charges it the same way.)"""
+    pay and the next write saves; do_bench's flush charges it the same way.)
+    evict: another eviction in place of the write (benchmarks/experiments)."""
     import torch
 
-    evict = _evict_buffer()
+    evict = evict or _evict_buffer().zero_
 
     def captured(body, reps: int):
         graph = torch.cuda.CUDAGraph()
@@ -197,14 +198,14 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
         end.synchronize()
         return start.elapsed_time(end) * 1e-3 / reps
 
-    both = lambda: (evict.zero_(), fn())  # noqa: E731
+    both = lambda: (evict(), fn())  # noqa: E731
     graphs = []  # reset at the end: their memory goes back at once, not when they are collected
     try:
         graphs.append(captured(both, 1))
         once = timed(graphs[0], 1)  # a first estimate sizes the rounds: ~1 ms each, so the
         reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
         rounds = 7 if rep_ms <= 10 else 15
-        graphs += [captured(both, reps), captured(evict.zero_, reps)]
+        graphs += [captured(both, reps), captured(evict, reps)]
         g_both, g_write = graphs[1:]
         timed(g_both, reps), timed(g_write, reps)  # first replays warm up, untimed
 

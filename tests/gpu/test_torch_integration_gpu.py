@@ -157,3 +157,33 @@ def test_prologue_fusion_in_a_separable_block_under_cuda_graphs(pattern, sparsit
             y = compiled(x)
             assert rel_err(y, expect(x)) < TOL, seed
     assert counted == [1]
+
+
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+def test_a_first_call_with_nan_and_inf_tokens(pattern, sparsity):
+    """A layer's first call (the tuner measuring on the GPU) whose input holds a NaN token, then
+    one whose only token holds an inf: neither fails; finite outputs match the float64 reference
+    and the choice serves a clean third call."""
+    from spartune import reference as ref
+    from spartune.prune import sparsify_weight
+
+    torch.manual_seed(0)
+    dtype = torch.float16
+    A = sparsify_weight(torch.randn(384, 256, device="cuda", dtype=dtype), pattern, sparsity)
+    x = torch.randn(9, 256, device="cuda", dtype=dtype)
+    x[0, 5] = float("nan")
+    given = x.clone()
+    y = st.linear(x, A)
+    assert torch.equal(x.isnan(), given.isnan()) and torch.equal(x.nan_to_num(), given.nan_to_num())
+    assert rel_err(y[1:], ref.linear(x[1:], A)) < TOL
+    x1 = torch.randn(1, 320, device="cuda", dtype=dtype)[:, :256]  # another problem, strided
+    A1 = sparsify_weight(torch.randn(384, 256, device="cuda", dtype=dtype), pattern, sparsity)
+    col = int(A1.to_dense().ne(0).any(0).nonzero()[0])
+    x1[0, col] = float("inf")
+    expect = ref.linear(x1, A1)
+    y1 = st.linear(x1, A1)
+    finite = expect.isfinite()
+    assert finite.any() and not finite.all()  # the rows keeping that column are inf (or NaN), the rest not
+    assert (y1[finite].double() - expect[finite]).norm() <= TOL * expect[finite].norm()
+    x2 = torch.randn(1, 256, device="cuda", dtype=dtype)
+    assert rel_err(st.linear(x2, A1), ref.linear(x2, A1)) < TOL
