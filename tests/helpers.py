@@ -35,6 +35,17 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def inf_column_reference(x, A, row, col):
+    """What a sparse kernel owes for x whose (row, col) holds an inf: the float64 reference of x
+    with that entry zeroed, and the outputs of that token which multiply it (the rows of A that
+    keep column col: inf or NaN there). Dense float64 would give NaN everywhere (inf x 0)."""
+    from spartune import reference as ref
+
+    clean = x.clone()
+    clean[row, col] = 0
+    return ref.linear(clean, A), A.to_dense()[:, col].ne(0)
+
+
 def random_2to4(rows, cols, dtype=torch.float32, seed=0, least=0):
     """A dense weight that is 2:4 along K: each group of 4 columns keeps between `least` and 2
     random entries (K not a multiple of 4: the last group is cut)."""
