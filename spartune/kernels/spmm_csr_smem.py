@@ -261,12 +261,11 @@ def release_unused(A: CSR, configs) -> None:
 
 
 _kernels: dict[tuple, object] = {}
-PREFETCH_L2 = 0  # experiment (session 34): bytes of each warp row's stream asked of the L2 first
 
 
 def _kernel(config: Config, dtype: torch.dtype, device: torch.device):
     half = half_sums(config, fp16_reduction_allowed(dtype))  # (read once: the key and the instance agree)
-    key = (config, dtype, device.index, half, PREFETCH_L2)
+    key = (config, dtype, device.index, half)
     kernel = _kernels.get(key)
     if kernel is None:
         kernel = _kernels[key] = cuda.load(_instance(config, dtype, half), device)
@@ -290,7 +289,7 @@ def _instance(config: Config, dtype: torch.dtype, half: bool):
         "SPARTUNE_BF16": int(dtype == torch.bfloat16), "NT": config.nt, "WARPS": config.warps, "KS": config.ks,
         "GPW": config.gpw, "QS": config.qs, "KW": config.kw, **({"CK": config.ck} if config.ck > 1 else {}),
         **({"TPL": config.tpl} if config.tpl != 8 else {}), **({"HALF_SUMS": 1} if half else {}),
-        **({"ROWS_COPY": 1} if _rows_copied(config) else {}), **({"PREFETCH_L2": PREFETCH_L2} if PREFETCH_L2 else {})},
+        **({"ROWS_COPY": 1} if _rows_copied(config) else {})},
         arch_specific=config.ck > 1)
 
 

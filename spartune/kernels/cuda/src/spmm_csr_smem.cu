@@ -39,8 +39,6 @@
 //   ROWS_COPY      1: the CTA's output rows copied into shared memory at the start, so the epilogue
 //                  does not wait on a load at the end of the CTA's life (the host sets it where
 //                  they fit: _rows_copied; LOG, session 25)
-//   PREFETCH_L2    > 0 (sm_90): each warp row first asks the L2 for up to this many bytes of its
-//                  stream by one bulk prefetch, so DRAM streams the weight while x is staged
 #include "epilogue.cuh"
 
 #if !defined(SPARTUNE_BF16) || !defined(NT) || !defined(WARPS) || !defined(KS) || !defined(GPW)
@@ -63,9 +61,6 @@
 #endif
 #ifndef ROWS_COPY
 #define ROWS_COPY 0
-#endif
-#ifndef PREFETCH_L2
-#define PREFETCH_L2 0
 #endif
 #if HALF_SUMS && SPARTUNE_BF16
 #error "HALF_SUMS is for fp16 only"
@@ -426,12 +421,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
   const int total = gn > 0 ? (__shfl_sync(0xffffffffu, start, gn) - base) / (R * QS) : 0;  // steps
-#if PREFETCH_L2 && __CUDA_ARCH__ >= 900
-  if (kw == 0 && lane == 0 && total > 0) {  // the warp row's whole stream is words[base, base + total STEP)
-    const unsigned bytes = min(static_cast<unsigned>(PREFETCH_L2), static_cast<unsigned>(total) * QS * R * 16u);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(words + base), "r"(bytes) : "memory");
-  }
-#endif
   float* sums = reinterpret_cast<float*>(xs + NB * PS);  // KW > 1: [warp][i][lane]
   float* red = sums + (KW > 1 ? WARPS * TPL * 32 : 0);
   int* rows_copy = reinterpret_cast<int*>(red + (CK > 1 ? TEAM_ROWS * NT : 0));
