@@ -19,7 +19,7 @@ from torch import nn
 from .. import dispatch
 from ..prune import parse_pattern
 from .attention import PROJECTIONS, SparseMultiheadAttention, disable_fused_fast_paths
-from .conv import SparseConv2d, is_pointwise
+from .conv import is_pointwise, sparse_pointwise_class
 from .linear import SparseLinear
 
 
@@ -43,9 +43,10 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
              filter_fn: Callable[[str, nn.Module], bool] | None = None, dry_run: bool = False,
              tokens: int = 2048) -> dict[str, LayerReport]:
     """Replace, in place, the linear layers of `model` by SparseLinear layers and its pointwise
-    (1x1) convolutions by SparseConv2d layers, pruned by magnitude. Returns a LayerReport per
-    linear layer and convolution (skipped ones, depthwise and spatial convolutions among them,
-    say why).
+    (kernel size 1) convolutions by SparseConv2d / SparseConv1d layers, pruned by magnitude; the
+    transposed linear layers of Hugging Face GPT-2-style models (transformers' Conv1D: x @ W + b)
+    become SparseLinear layers too. Returns a LayerReport per linear layer and convolution
+    (skipped ones, depthwise and spatial convolutions among them, say why).
 
     `pattern`: one pattern for all ("block:64", "csr", "2:4", ...); or a dict from layer-name
     globs ("*.mlp.*") to a pattern or (pattern, sparsity), first match wins, unmatched layers
@@ -75,8 +76,8 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
             reports[name] = LayerReport(name, tuple(w.shape), None, dense_bytes=dense_bytes, sparse_bytes=w.nbytes,
                                         skipped=skipped)
             continue
-        conv = isinstance(module, nn.Conv2d)
-        shape = (module.out_channels, module.in_channels) if conv else (module.out_features, module.in_features)
+        conv = isinstance(module, (nn.Conv1d, nn.Conv2d))
+        shape = _shape(module)
         dense_bytes = 0 if nn.parameter.is_lazy(module.weight) else module.weight.numel() * module.weight.element_size()
         if skipped or choice is None:
             reports[name] = LayerReport(name, shape, None, dense_bytes=dense_bytes, sparse_bytes=dense_bytes,
@@ -95,7 +96,9 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
                 layer, fmt_report = first.tied_copy(first.bias if module.bias is first_bias else module.bias), \
                     reports[first_name]
             elif conv:
-                layer, fmt_report = SparseConv2d.from_conv(module, pat, sp, return_report=True)
+                layer, fmt_report = sparse_pointwise_class(module).from_conv(module, pat, sp, return_report=True)
+            elif is_transposed_linear(module):
+                layer, fmt_report = SparseLinear.from_linear(_as_linear(module), pat, sp, return_report=True)
             else:
                 layer, fmt_report = SparseLinear.from_linear(module, pat, sp, return_report=True)
                 made[id(module.weight)] = (name, layer, module.bias)
@@ -161,15 +164,21 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
         elif isinstance(m, SparseLinear) and name and _asked_for(name, m, choose, filter_fn):
             plan[name] = (m, None, f"already sparse ({m.weight.signature}): sparsify prunes dense layers; "
                                    "to prune further, build it again from its dense weight (weight.to_dense())")
-        elif isinstance(m, nn.Conv2d):
+        elif isinstance(m, (nn.Conv1d, nn.Conv2d)):
+            base = nn.Conv1d if isinstance(m, nn.Conv1d) else nn.Conv2d
             skip = ""
             if not name:
                 skip = root
             elif not is_pointwise(m):
-                skip = "not a pointwise (1x1, stride 1, ungrouped) convolution: it stays dense"
-            elif type(m).forward is not nn.Conv2d.forward:
-                skip = f"{type(m).__name__} overrides nn.Conv2d.forward: converting it would drop its behaviour"
+                skip = "not a pointwise (kernel size 1, stride 1, ungrouped) convolution: it stays dense"
+            elif type(m).forward is not base.forward:
+                skip = f"{type(m).__name__} overrides {base.__name__}.forward: converting it would drop its behaviour"
             elif len(owners.get(id(m.weight), [])) > 1:
+                skip = "its weight is shared with another module: pruning would break the tie"
+            plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
+        elif is_transposed_linear(m):
+            skip = root if not name else ""
+            if not skip and len(owners.get(id(m.weight), [])) > 1:
                 skip = "its weight is shared with another module: pruning would break the tie"
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
     for name, (m, choice, skip) in plan.items():  # a tie is pruned whole or not at all
@@ -178,6 +187,34 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
             plan[name] = (m, None, f"its weight is tied to {off[0]!r}, which is left dense: pruning this layer "
                                    "alone would break the tie")
     return plan
+
+
+def is_transposed_linear(m: nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2 and its kin): despite its name a linear layer, x @ W + b with W
+    stored (in_features, out_features). Recognised by name, so that transformers is not imported."""
+    return (type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers")
+            and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 2
+            and m.weight.shape[1] == getattr(m, "nf", None))
+
+
+def _as_linear(m: nn.Module) -> nn.Linear:
+    """An nn.Linear over a transposed linear layer's weight (W^T, a view) and bias: what
+    SparseLinear.from_linear prunes. Nothing is allocated for the linear itself (meta)."""
+    n_in, n_out = m.weight.shape
+    linear = nn.Linear(n_in, n_out, bias=m.bias is not None, device="meta", dtype=m.weight.dtype)
+    linear.weight = nn.Parameter(m.weight.detach().T, requires_grad=m.weight.requires_grad)
+    if m.bias is not None:
+        linear.bias = m.bias
+    return linear
+
+
+def _shape(m: nn.Module) -> tuple[int, int]:
+    """(out_features, in_features) of a layer sparsify may convert."""
+    if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+        return m.out_channels, m.in_channels
+    if is_transposed_linear(m):
+        return m.weight.shape[1], m.weight.shape[0]
+    return m.out_features, m.in_features
 
 
 def _attention_projections(mha: nn.MultiheadAttention) -> dict[str, nn.Linear]:

@@ -1,6 +1,6 @@
-"""SparseConv2d on the CPU: against torch's convolution in float64, memory formats, the fused
-activation, batch norm folded first, autograd, state_dict, and sparsify() converting only the
-pointwise convolutions."""
+"""SparseConv2d and SparseConv1d on the CPU: against torch's convolution in float64, memory
+formats, the fused activation, batch norm folded first, autograd, state_dict, and sparsify()
+converting only the pointwise convolutions (and transformers' Conv1D, a transposed linear)."""
 import io
 
 import pytest
@@ -125,3 +125,67 @@ def test_compiles_without_graph_breaks():
     model.requires_grad_(True)
     compiled(x).sum().backward()  # training through the compiled graph
     assert model[0].linear.weight_values.grad is not None
+
+
+# --- 1-D pointwise convolutions, and transformers' Conv1D (a transposed linear) ---------------
+@pytest.mark.parametrize("pattern,sparsity", [("csr", 0.7), ("block:16", 0.5), ("2:4", None)])
+def test_conv1d_matches_torch_in_float64(pattern, sparsity):
+    torch.manual_seed(5)
+    conv = nn.Conv1d(32, 48, 1).double()
+    layer = st.SparseConv1d.from_conv(conv, pattern, sparsity, activation="relu")
+    w = layer.weight.to_dense()[:, :, None]
+    for x in (torch.randn(3, 32, 7, dtype=torch.float64), torch.randn(3, 7, 32, dtype=torch.float64).transpose(1, 2)):
+        expect = F.relu(F.conv1d(x, w, layer.bias))
+        y = layer(x)
+        assert y.shape == (3, 48, 7) and torch.allclose(y, expect, atol=1e-12)
+    assert torch.allclose(layer(x[0]), expect[0], atol=1e-12)  # unbatched
+
+
+def test_conv1d_refuses_what_it_cannot_run():
+    for conv in (nn.Conv1d(8, 8, 3), nn.Conv1d(8, 8, 1, stride=2), nn.Conv1d(8, 8, 1, groups=8),
+                 nn.Conv1d(8, 8, 1, padding=1), nn.Conv2d(8, 8, 1)):
+        with pytest.raises(ValueError, match="pointwise Conv1d"):
+            st.SparseConv1d.from_conv(conv, "csr", 0.5)
+    with pytest.raises(ValueError, match="pointwise Conv2d"):
+        st.SparseConv2d.from_conv(nn.Conv1d(8, 8, 1), "csr", 0.5)
+    layer = st.SparseConv1d.from_conv(nn.Conv1d(8, 12, 1), "csr", 0.5)
+    with pytest.raises(ValueError, match="length"):
+        layer(torch.randn(2, 8, 3, 3))
+
+
+def test_sparsify_converts_pointwise_conv1d_and_reports_the_rest():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 24, 1)).double()
+    x = torch.randn(2, 8, 9, dtype=torch.float64)
+    reports = st.sparsify(model, "csr", 0.5)
+    assert isinstance(model[2], st.SparseConv1d) and isinstance(model[0], nn.Conv1d)
+    assert "pointwise" in reports["0"].skipped and reports["2"].shape == (24, 16) and reports["2"].pattern == "csr"
+    h = F.relu(model[0](x))
+    assert torch.allclose(model(x), F.conv1d(h, model[2].weight.to_dense()[:, :, None], model[2].bias), atol=1e-12)
+
+
+def test_sparsify_converts_transformers_conv1d():
+    """GPT-2's layers are transformers' Conv1D, x @ W + b with W (in, out): each becomes a
+    SparseLinear holding W^T pruned, and the model computes what the pruned dense one does."""
+    pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
+    torch.manual_seed(7)
+
+    class Block(nn.Module):  # GPT-2's MLP
+        def __init__(self):
+            super().__init__()
+            self.c_fc, self.c_proj = pytorch_utils.Conv1D(64, 16), pytorch_utils.Conv1D(16, 64)
+
+        def forward(self, x):
+            return self.c_proj(F.gelu(self.c_fc(x)))
+
+    model = Block().double()
+    w_fc = model.c_fc.weight.detach().clone()
+    reports = st.sparsify(model, "csr", 0.75)
+    assert isinstance(model.c_fc, st.SparseLinear) and isinstance(model.c_proj, st.SparseLinear)
+    assert reports["c_fc"].shape == (64, 16) and reports["c_proj"].shape == (16, 64)
+    kept = model.c_fc.weight.to_dense()
+    assert kept.shape == (64, 16) and torch.equal(kept[kept != 0], w_fc.T[kept != 0])  # W^T, pruned
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    h = F.gelu(x @ model.c_fc.weight.to_dense().T + model.c_fc.bias)
+    expect = h @ model.c_proj.weight.to_dense().T + model.c_proj.bias
+    assert torch.allclose(model(x), expect, atol=1e-12)
