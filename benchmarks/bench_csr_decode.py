@@ -4,6 +4,7 @@ our Triton CSR family (its model-ranked best few configs), the CUDA csr_smem fam
 in shared memory; its model-ranked best few), and what spartune.linear's tuner picks.
 
     python benchmarks/bench_csr_decode.py [--quick] [--dtypes float16,bfloat16] [--n 8 16] [--budget-s S] [--out DIR]
+        [--rotate]  (also the tuned call and cuBLAS over copies of their weight: measure.rotated_replay)
 
 Floor (DESIGN.md; spartune.bench.floors, CUDA cores): the compulsory bytes (values, columns,
 row pointers, x, y) at the measured DRAM rate, or the FMA work (2 flops per nonzero and token)
@@ -25,7 +26,7 @@ from spartune.bench.picks import choice_dict
 from spartune.dispatch import find_choice
 from spartune.kernels import spmm_csr, spmm_csr_smem
 from spartune.tune.device import device_name
-from spartune.tune.measure import cold_replay
+from spartune.tune.measure import cold_replay, rotated_replay
 from spartune.tune.problem import Problem
 
 SHAPES = [("qkv", 4096, 4096), ("llama7b-up", 11008, 4096), ("llama7b-down", 4096, 11008),
@@ -67,7 +68,7 @@ def best_of(family, A, x, out, prob, expect, top: int, spec) -> tuple[float | No
     return (best["s"], best["config"], rows) if best else (None, None, rows)
 
 
-def case(name, M, K, N, density, dtype, gen, top, spec):
+def case(name, M, K, N, density, dtype, gen, top, spec, rotate=False):
     w = torch.randn(M, K, device="cuda", dtype=dtype, generator=gen)
     w = w * (torch.rand(M, K, device="cuda", generator=gen) < density)
     A = st.CSR.from_dense(w)
@@ -96,6 +97,10 @@ def case(name, M, K, N, density, dtype, gen, top, spec):
     picked = choice_dict(find_choice(A, N, dt))
     row["tuned_pick"] = picked["label"] if picked else None
     row["floor_s"] = floor_seconds(prob, spec, cuda_cores=True)
+    if rotate:  # both again, over copies of their weight (no eviction write: clean lines)
+        row["dense_rotate_s"] = rotated_replay(lambda w: F.linear(x, w), w, w.numel() * w.element_size())
+        row["tuned_rotate_s"] = rotated_replay(lambda A: st.linear(x, A), A, A.nbytes)
+        row["x_dense_rotate"] = row["dense_rotate_s"] / row["tuned_rotate_s"]
     ours = [t for t in (row["triton_s"], row["smem_s"], row["tuned_s"]) if isinstance(t, float)]
     if ours:
         row["best_s"] = min(ours)
@@ -119,6 +124,8 @@ def main():
     ap.add_argument("--n", type=int, nargs="+", default=list(DECODE_N), help="decode token counts")
     ap.add_argument("--no-wide", action="store_true", help="skip N = 2048 at 95%% and 98%%")
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--rotate", action="store_true",
+                    help="also time tuned and cuBLAS by rotation over weight copies (measure.rotated_replay)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -142,7 +149,7 @@ def main():
         if time.time() - t0 > args.budget_s:
             skipped.append((name, N, d, str(dt)))
             continue
-        row = case(name, M, K, N, d, dt, gen, args.top, spec)
+        row = case(name, M, K, N, d, dt, gen, args.top, spec, args.rotate)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}), flush=True)
         torch.cuda.empty_cache()
@@ -153,11 +160,12 @@ def main():
     print(f"\nCSR SpMM, L2 flushed, us ({rates['device']}); x dense = cuBLAS / best of ours; "
           f"floor = max(bytes / DRAM, FMA work / FMA rate)")
     print(f"{'shape':<13}{'N':>5}{'dens':>5}{'dtype':>6}{'cuBLAS':>8}{'cuSP':>8}{'triton':>8}{'smem':>8}{'tuned':>8}"
-          f"{'x dense':>8}{'x tuned':>8}{'floor%':>7}  pick / smem config")
+          f"{'x dense':>8}{'x tuned':>8}{'x rot':>6}{'floor%':>7}  pick / smem config")
     for r in rows:
         print(f"{r['shape']:<13}{r['N']:>5}{r['density']:>5}{r['dtype'][:5]:>6}{_us(r['dense_s']):>8}"
               f"{_us(r['cusparse_s']):>8}{_us(r['triton_s']):>8}{_us(r['smem_s']):>8}{_us(r['tuned_s']):>8}"
               f"{r.get('x_dense', float('nan')):>8.2f}{r.get('x_dense_tuned', float('nan')):>8.2f}"
+              f"{r.get('x_dense_rotate', float('nan')):>6.2f}"
               f"{100 * r.get('frac_floor', float('nan')):>6.0f}%  {r['tuned_pick']} / {r['smem_config']}")
     print(f"\n{time.time() - t0:.0f} s; JSON in {os.path.join(args.out, 'bench_csr_decode.json')}")
 

@@ -7,7 +7,10 @@ and its eager time, host-bound at decode). Every call is timed with the L2 flush
 or a write past the L2 before each replay), so the weight streams from DRAM as in serving.
 
     python benchmarks/bench_nm_decode.py [--dtype bfloat16] [--n 1 16] [--shapes llama70b-up]
-        [--patterns 2:4 64:2:8] [--out DIR] [--no-space] [--rounds R]
+        [--patterns 2:4 64:2:8] [--out DIR] [--no-space] [--rounds R] [--rotate]
+
+--rotate times the tuned call and cuBLAS a second way, over copies of their weight called in
+turn (measure.rotated_replay: no eviction write, whose dirty lines cost cuBLAS more).
 
 Prints a table last and writes JSON to DIR (default $OUT or ./out).
 """
@@ -27,7 +30,7 @@ from spartune import dispatch
 from spartune.kernels import spmm_nm as K
 from spartune.prune import sparsify_weight
 from spartune.tune.device import device_name
-from spartune.tune.measure import cold_replay
+from spartune.tune.measure import cold_replay, rotated_replay
 from spartune.tune.problem import Problem
 
 SHAPES = {"llama7b-up": (11008, 4096), "llama7b-down": (4096, 11008), "llama13b-up": (13824, 5120),
@@ -38,7 +41,7 @@ def seconds(fn) -> float:
     return do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
 
 
-def run_case(name, M, Kd, N, dtype, pattern="2:4", space=True, rounds=1):
+def run_case(name, M, Kd, N, dtype, pattern="2:4", space=True, rounds=1, rotate=False):
     w = torch.randn(M, Kd, device="cuda", dtype=dtype)
     A = sparsify_weight(w, pattern)
     x = torch.randn(N, Kd, device="cuda", dtype=dtype)
@@ -68,7 +71,11 @@ def run_case(name, M, Kd, N, dtype, pattern="2:4", space=True, rounds=1):
     tuned_eager = seconds(lambda: st.linear(x, A))
     picked = [f"{c.backend} {c.config}" for c in dispatch._states[A].chosen.values()]
     a_bytes = A.values.numel() * 2 + A.values.numel() // 8  # values + 2-bit indices
-    return dict(shape=name, M=M, K=Kd, N=N, pattern=pattern, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
+    rotated = {}
+    if rotate:  # both again, over copies of their weight (no eviction write: clean lines)
+        rotated = dict(dense_rotate_s=rotated_replay(lambda w: F.linear(x, w), w, w.numel() * w.element_size()),
+                       tuned_rotate_s=rotated_replay(lambda A: st.linear(x, A), A, A.nbytes))
+    return dict(**rotated, shape=name, M=M, K=Kd, N=N, pattern=pattern, dtype=str(dtype), dense_s=dense, registers_s=best["registers"][0],
                 registers_config=best["registers"][1], ring_s=best["ring"][0], ring_config=best["ring"][1],
                 tuned_s=tuned, tuned_eager_s=tuned_eager, dense_graph_s=dense_graph, tuned_pick=picked, weight_bytes=a_bytes)
 
@@ -95,23 +102,26 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--no-space", action="store_true", help="the tuned call against cuBLAS only, no sweep of the space")
     ap.add_argument("--rounds", type=int, default=1, help="tuned and cuBLAS timed in turns, the median of this many pairs")
+    ap.add_argument("--rotate", action="store_true",
+                    help="also time tuned and cuBLAS by rotation over weight copies (measure.rotated_replay)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     rows = each_problem(SHAPES, args, lambda name, M, Kd, n, pattern: run_case(name, M, Kd, n, dtype, pattern,
-                                                                                        not args.no_space, args.rounds))
+                                                                                        not args.no_space, args.rounds, args.rotate))
     with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'shape':<14}{'pattern':>8}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "
-          f"{'x dense regs':>13} {'ring':>6} {'tuned':>6} {'ring TB/s':>10} {'eager us':>9}")
+          f"{'x dense regs':>13} {'ring':>6} {'tuned':>6} {'ring TB/s':>10} {'eager us':>9} {'rotated x':>10}")
     for r in rows:
         d = r["dense_s"]
         print(f"{r['shape']:<14}{r['pattern']:>8}{r['N']:>4} {d * 1e6:>9.1f} {r['registers_s'] * 1e6:>8.1f} {r['ring_s'] * 1e6:>8.1f} "
               f"{r['tuned_s'] * 1e6:>9.1f} {d / r['registers_s']:>13.2f} {d / r['ring_s']:>6.2f} "
               f"{r['dense_graph_s'] / r['tuned_s']:>6.2f} {r['weight_bytes'] / r['ring_s'] / 1e12:>10.2f} "
-              f"{r['tuned_eager_s'] * 1e6:>9.1f}")
+              f"{r['tuned_eager_s'] * 1e6:>9.1f} "
+              f"{r['dense_rotate_s'] / r['tuned_rotate_s'] if 'tuned_rotate_s' in r else float('nan'):>10.2f}")
 
 
 if __name__ == "__main__":

@@ -226,6 +226,48 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100, evict: Callable[[
     return t
 
 
+def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, reps: int = 4,
+                   rounds: int = 7) -> float:
+    """Seconds per call(operand), timed on distinct deep copies of `operand` (together at least
+    twice the L2) called in turn from one CUDA graph with nothing between them: each call finds
+    its operand evicted by the others' reads, as a model's layers find theirs (METHOD.md's rotation
+    of input sets). Beside cold_replay because its eviction write leaves dirty lines that clean
+    reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15% and
+    latency-bound ones little (benchmarks/LOG.md, session 34): benchmarks report both."""
+    import copy
+    import statistics
+
+    import torch
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    operands = [operand] + [copy.deepcopy(operand) for _ in range(sets_to_rotate(nbytes, l2, most=24) - 1)]
+    fns = [lambda o=o: call(o) for o in operands]
+    for fn in fns:  # lazily built layouts, tuning, compiles
+        fn()
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(reps):
+            for fn in fns:
+                fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        graph.replay()  # the first replay uploads the graph
+        times = []
+        for _ in range(rounds):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3 / (reps * len(fns)))
+    finally:
+        torch.cuda.synchronize()
+        graph.reset()
+    return statistics.median(times)
+
+
 def measure_candidate(candidate, bound: float | None = None, *, brief: bool = True) -> float:
     """The tuner's default measurer: time the candidate's prepared `run` (a single call when
     that already takes longer than `bound` seconds). brief: the tuner's short timing (fast mode);
