@@ -11,7 +11,7 @@ Inductor cannot fuse into an operator it does not see inside, so an Inductor pre
 rewrites the traced graph before it lowers it:
   act(linear(x, ...))          -> linear(x, ..., activation=act)     (act: gelu, gelu tanh, silu, relu)
   act(view(linear(x, ...)))    -> view(linear(x, ..., activation=act))   (views, reshapes, permutes
-                                  between: SparseConv2d's pixels-to-image view, a head split)
+                                  between: a pointwise convolution's positions-to-image view, a head split)
   linear(x, ...) + r, r + ...  -> linear(x, ..., residual=r)        (no bias; the add right after)
 Only where the rewrite keeps the meaning (the fused epilogue rounds once, at the end, so it
 differs from the unfused ops by their intermediate rounding): the linear's output has no other

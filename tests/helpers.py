@@ -38,12 +38,13 @@ def rel_err(out, ref):
 def inf_column_reference(x, A, row, col):
     """What a sparse kernel owes for x whose (row, col) holds an inf: the float64 reference of x
     with that entry zeroed, and the outputs of that token which multiply it (the rows of A that
-    keep column col: inf or NaN there). Dense float64 would give NaN everywhere (inf x 0)."""
+    store column col, explicit zeros included, since kernels multiply those too: inf or NaN
+    there). Dense float64 would give NaN everywhere (inf x 0)."""
     from spartune import reference as ref
 
     clean = x.clone()
     clean[row, col] = 0
-    return ref.linear(clean, A), A.to_dense()[:, col].ne(0)
+    return ref.linear(clean, A), A.mask()[:, col].to(x.device)
 
 
 def random_2to4(rows, cols, dtype=torch.float32, seed=0, least=0):

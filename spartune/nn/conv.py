@@ -15,23 +15,35 @@ from ..prune import sparsify_weight
 from .linear import SparseLinear, kernel_layout
 
 
-def is_pointwise(conv: nn.Module) -> bool:
-    """A 1-D or 2-D convolution of kernel size 1 without stride, padding, dilation or groups: a
-    matrix product over positions."""
+def not_pointwise(conv: nn.Module) -> str:
+    """Why a convolution is not a matrix product over its positions ("" when it is): a 1-D or 2-D
+    convolution of kernel size 1, stride 1, no dilation or groups, and no padding (so its
+    padding mode never applies; "same" pads nothing at kernel size 1)."""
     if not isinstance(conv, (nn.Conv1d, nn.Conv2d)):
-        return False
-    ones = (1,) * (conv.weight.dim() - 2)
-    return (conv.kernel_size == ones and conv.stride == ones and conv.dilation == ones and conv.groups == 1
-            and conv.padding in (tuple(0 for _ in ones), "valid") and conv.padding_mode == "zeros")
+        return f"not a Conv1d or Conv2d ({type(conv).__name__})"
+    ones = (1,) * len(conv.kernel_size)  # (the weight of a lazy convolution has no shape yet)
+    for name, value in (("kernel size", conv.kernel_size), ("stride", conv.stride), ("dilation", conv.dilation)):
+        if value != ones:
+            return f"its {name} is {value}, not 1"
+    if conv.groups != 1:
+        return f"it is grouped ({conv.groups} groups)"
+    if conv.padding not in (tuple(0 for _ in ones), "valid", "same"):
+        return f"it pads by {conv.padding}"
+    return ""
+
+
+def is_pointwise(conv: nn.Module) -> bool:
+    """A 1-D or 2-D convolution of kernel size 1 without stride, padding, dilation or groups."""
+    return not not_pointwise(conv)
 
 
 class _SparsePointwise(nn.Module):
     """y = act(conv(x, W) + b), kernel size 1, with W (out_channels, in_channels) in a sparse format.
 
-    Takes (B, C, *positions) and returns (B, out_channels, *positions) laid out channels last; a
-    channels-last input is read in place (positions x channels is then a view), another is copied
-    once. The weight lives in a SparseLinear (`self.linear`): state_dict, autograd, `.to()` and
-    torch.compile behave as they do there.
+    Takes (B, C, *positions); an input laid out channels last (2-D: torch.channels_last; 1-D: the
+    transpose of a (B, L, C) tensor) is read in place (positions x channels is then a view),
+    another is copied once. The weight lives in a SparseLinear (`self.linear`): state_dict,
+    autograd, `.to()` and torch.compile behave as they do there.
     """
 
     DIMS = 0  # positions' dimensions (1: Conv1d, 2: Conv2d)
@@ -66,9 +78,10 @@ class _SparsePointwise(nn.Module):
                   return_report=False):
         """Prune a pointwise convolution's weight by magnitude into `pattern` (see
         sparsify_weight); the layer trains if the convolution's weight did."""
-        if not isinstance(conv, cls.CONV) or not is_pointwise(conv):
+        why = f"not a {cls.CONV.__name__}" if not isinstance(conv, cls.CONV) else not_pointwise(conv)
+        if why:
             raise ValueError(f"{cls.__name__} takes a pointwise {cls.CONV.__name__} (kernel size 1, stride 1, no "
-                             f"padding, dilation or groups), got {conv}")
+                             f"padding, dilation or groups), got {conv}: {why}")
         w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
         fmt, report = sparsify_weight(w, pattern, sparsity, return_report=True)
         layer = cls(kernel_layout(fmt), None if conv.bias is None else conv.bias.detach(), activation=activation,
@@ -86,7 +99,12 @@ class _SparsePointwise(nn.Module):
         d = self.DIMS  # (permutes, which the fusion passes follow, not movedim)
         flat = x.permute(0, *range(2, d + 2), 1).reshape(-1, c)  # a view when x is channels-last
         y = self.linear(flat, activation=self.activation)
-        return y.view(b, *positions, self.out_channels).permute(0, d + 1, *range(1, d + 1))
+        return self._layout(y.view(b, *positions, self.out_channels).permute(0, d + 1, *range(1, d + 1)))
+
+    @staticmethod
+    def _layout(y: torch.Tensor) -> torch.Tensor:
+        """The output as the layer returns it (SparseConv2d: channels-last, a memory format)."""
+        return y
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={(1,) * self.DIMS}, "
@@ -102,9 +120,14 @@ class SparseConv2d(_SparsePointwise):
 
 class SparseConv1d(_SparsePointwise):
     """A pointwise (kernel size 1) nn.Conv1d with a sparse weight: (B, C, L) -> (B, out_channels, L),
-    a view of a (B, L, out_channels) tensor."""
+    contiguous as nn.Conv1d's (3-D tensors have no channels-last memory format, and code after a
+    Conv1d may `.view` its output): one copy of the output, small beside the product."""
 
     DIMS, CONV = 1, nn.Conv1d
+
+    @staticmethod
+    def _layout(y: torch.Tensor) -> torch.Tensor:
+        return y.contiguous()
 
 
 def sparse_pointwise_class(conv: nn.Module) -> type[_SparsePointwise]:

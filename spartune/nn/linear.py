@@ -154,7 +154,7 @@ class SparseLinear(nn.Module):
 
     # --- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, activation: str | None = None) -> torch.Tensor:
-        """x @ W^T + b, with `activation` applied in the kernels' epilogue (SparseConv2d's)."""
+        """x @ W^T + b, with `activation` applied in the kernels' epilogue (the pointwise convolutions')."""
         bias = self.bias
         if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
                 x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):

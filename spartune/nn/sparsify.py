@@ -19,8 +19,11 @@ from torch import nn
 from .. import dispatch
 from ..prune import parse_pattern
 from .attention import PROJECTIONS, SparseMultiheadAttention, disable_fused_fast_paths
-from .conv import is_pointwise, sparse_pointwise_class
+from .conv import not_pointwise, sparse_pointwise_class
 from .linear import SparseLinear
+
+
+_SHARED = "its weight is shared with another module: pruning would break the tie"
 
 
 @dataclass(frozen=True)
@@ -165,21 +168,26 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
             plan[name] = (m, None, f"already sparse ({m.weight.signature}): sparsify prunes dense layers; "
                                    "to prune further, build it again from its dense weight (weight.to_dense())")
         elif isinstance(m, (nn.Conv1d, nn.Conv2d)):
-            base = nn.Conv1d if isinstance(m, nn.Conv1d) else nn.Conv2d
+            base = sparse_pointwise_class(m).CONV
             skip = ""
             if not name:
                 skip = root
-            elif not is_pointwise(m):
-                skip = "not a pointwise (kernel size 1, stride 1, ungrouped) convolution: it stays dense"
+            elif not_pointwise(m):
+                skip = f"not a pointwise (kernel size 1, stride 1, unpadded, ungrouped) convolution: {not_pointwise(m)}"
+            elif nn.parameter.is_lazy(m.weight):
+                skip = "its weight is not initialized yet (a lazy layer): run a forward pass first"
             elif type(m).forward is not base.forward:
                 skip = f"{type(m).__name__} overrides {base.__name__}.forward: converting it would drop its behaviour"
             elif len(owners.get(id(m.weight), [])) > 1:
-                skip = "its weight is shared with another module: pruning would break the tie"
+                skip = _SHARED
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
         elif is_transposed_linear(m):
+            base = _transposed_linear_base(m)
             skip = root if not name else ""
-            if not skip and len(owners.get(id(m.weight), [])) > 1:
-                skip = "its weight is shared with another module: pruning would break the tie"
+            if not skip and type(m).forward is not base.forward:
+                skip = f"{type(m).__name__} overrides {base.__name__}.forward: converting it would drop its behaviour"
+            elif not skip and len(owners.get(id(m.weight), [])) > 1:
+                skip = _SHARED
             plan[name] = (m, *_select(name, m, choose, filter_fn, skip))
     for name, (m, choice, skip) in plan.items():  # a tie is pruned whole or not at all
         off = [o for o in owners.get(id(m.weight), []) if o != name and o in plan and plan[o][1] is None]
@@ -189,23 +197,34 @@ def _plan(model, pattern, sparsity, filter_fn) -> dict:
     return plan
 
 
+def _transposed_linear_base(m: nn.Module):
+    """transformers' Conv1D class when m is one or a subclass (GPT-2 and its kin: despite its name
+    a linear layer, x @ W + b with W stored (in_features, out_features)); else None. Recognised by
+    name, so that transformers is not imported."""
+    for cls in type(m).__mro__:
+        if cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers"):
+            return cls
+    return None
+
+
 def is_transposed_linear(m: nn.Module) -> bool:
-    """transformers' Conv1D (GPT-2 and its kin): despite its name a linear layer, x @ W + b with W
-    stored (in_features, out_features). Recognised by name, so that transformers is not imported."""
-    return (type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers")
-            and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 2
-            and m.weight.shape[1] == getattr(m, "nf", None))
+    return (_transposed_linear_base(m) is not None and isinstance(getattr(m, "weight", None), nn.Parameter)
+            and m.weight.dim() == 2)
+
+
+def _linear_over(weight: nn.Parameter, bias) -> nn.Linear:
+    """An nn.Linear holding `weight` (out, in) and `bias` as they are: nothing allocated, no RNG
+    drawn (built on meta). What SparseLinear.from_linear prunes, and what sparsify plans with."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta", dtype=weight.dtype)
+    linear.weight = weight
+    if bias is not None:
+        linear.bias = bias
+    return linear
 
 
 def _as_linear(m: nn.Module) -> nn.Linear:
-    """An nn.Linear over a transposed linear layer's weight (W^T, a view) and bias: what
-    SparseLinear.from_linear prunes. Nothing is allocated for the linear itself (meta)."""
-    n_in, n_out = m.weight.shape
-    linear = nn.Linear(n_in, n_out, bias=m.bias is not None, device="meta", dtype=m.weight.dtype)
-    linear.weight = nn.Parameter(m.weight.detach().T, requires_grad=m.weight.requires_grad)
-    if m.bias is not None:
-        linear.bias = m.bias
-    return linear
+    """A transposed linear layer as an nn.Linear over W^T (a view) and its bias."""
+    return _linear_over(nn.Parameter(m.weight.detach().T, requires_grad=m.weight.requires_grad), m.bias)
 
 
 def _shape(m: nn.Module) -> tuple[int, int]:
@@ -226,13 +245,7 @@ def _attention_projections(mha: nn.MultiheadAttention) -> dict[str, nn.Linear]:
     else:
         weights = {"q_proj": mha.q_proj_weight, "k_proj": mha.k_proj_weight, "v_proj": mha.v_proj_weight}
     packed_bias = mha.in_proj_bias if mha._qkv_same_embed_dim else None  # thirds are not Parameters
-    out = {}
-    for child, w in weights.items():
-        out[child] = nn.Linear(w.shape[1], w.shape[0], bias=packed_bias is not None, device="meta",  # no init, no RNG
-                               dtype=w.dtype)
-        out[child].weight = w
-        if packed_bias is not None:
-            out[child].bias = packed_bias
+    out = {child: _linear_over(w, packed_bias) for child, w in weights.items()}
     return {**out, "out_proj": mha.out_proj}
 
 

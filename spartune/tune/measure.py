@@ -163,18 +163,17 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
     return out
 
 
-def cold_replay(fn: Callable[[], object], rep_ms: float = 100, evict: Callable[[], object] | None = None) -> float:
+def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
     operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
     are replayed in turns and the median of the paired differences is kept, so a drift of the
     ~35 us write between rounds cancels instead of landing on a short call. Rounds of ~1 ms
     (more rounds when rep_ms > 10). Raises when nothing is left.
     (Known, benchmarks/LOG.md: the write leaves dirty lines whose write-back the call's reads
-    pay and the next write saves; do_bench's flush charges it the same way.)
-    evict: another eviction in place of the write (benchmarks/experiments)."""
+    pay and the next write saves; do_bench's flush charges it the same way.)"""
     import torch
 
-    evict = evict or _evict_buffer().zero_
+    evict = _evict_buffer()
 
     def captured(body, reps: int):
         graph = torch.cuda.CUDAGraph()
@@ -198,14 +197,14 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100, evict: Callable[[
         end.synchronize()
         return start.elapsed_time(end) * 1e-3 / reps
 
-    both = lambda: (evict(), fn())  # noqa: E731
+    both = lambda: (evict.zero_(), fn())  # noqa: E731
     graphs = []  # reset at the end: their memory goes back at once, not when they are collected
     try:
         graphs.append(captured(both, 1))
         once = timed(graphs[0], 1)  # a first estimate sizes the rounds: ~1 ms each, so the
         reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
         rounds = 7 if rep_ms <= 10 else 15
-        graphs += [captured(both, reps), captured(evict, reps)]
+        graphs += [captured(both, reps), captured(evict.zero_, reps)]
         g_both, g_write = graphs[1:]
         timed(g_both, reps), timed(g_write, reps)  # first replays warm up, untimed
 
@@ -234,13 +233,13 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     of input sets). Beside cold_replay because its eviction write leaves dirty lines that clean
     reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15% and
     latency-bound ones little (benchmarks/LOG.md, session 34): benchmarks report both."""
-    import copy
     import statistics
 
     import torch
 
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    operands = [operand] + [copy.deepcopy(operand) for _ in range(sets_to_rotate(nbytes, l2, most=24) - 1)]
+    count = max(2, math.ceil(2 * l2 / max(nbytes, 1)))  # no cap: fewer copies of a small weight would stay in L2
+    operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
     fns = [lambda o=o: call(o) for o in operands]
     for fn in fns:  # lazily built layouts, tuning, compiles
         fn()
@@ -266,6 +265,16 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
         torch.cuda.synchronize()
         graph.reset()
     return statistics.median(times)
+
+
+def _fresh_copy(operand):
+    """A copy of a tensor or sparse format holding new memory and nothing else: a format's memos
+    (its layouts, captured graphs) are not copied, and its first call builds its own."""
+    from ..formats import SparseFormat
+
+    if isinstance(operand, SparseFormat):
+        return SparseFormat.from_spec(operand.spec, [t.clone() for t in operand.tensor_list()], trusted=True)
+    return operand.clone()
 
 
 def measure_candidate(candidate, bound: float | None = None, *, brief: bool = True) -> float:

@@ -177,9 +177,9 @@ def test_a_first_call_with_nan_and_inf_tokens(pattern, sparsity):
     y = st.linear(x, A)
     assert torch.equal(x.isnan(), given.isnan()) and torch.equal(x.nan_to_num(), given.nan_to_num())
     assert rel_err(y[1:], ref.linear(x[1:], A)) < TOL
-    x1 = torch.randn(1, 320, device="cuda", dtype=dtype)[:, :256]  # another problem, strided
+    x1 = torch.randn(1, 512, device="cuda", dtype=dtype)[:, ::2]  # another problem, strided
     A1 = sparsify_weight(torch.randn(384, 256, device="cuda", dtype=dtype), pattern, sparsity)
-    col = int(A1.to_dense().ne(0).any(0).nonzero()[0])
+    col = int(A1.mask().any(0).nonzero()[0])
     x1[0, col] = float("inf")
     expect, hit = inf_column_reference(x1, A1, 0, col)
     y1 = st.linear(x1, A1)

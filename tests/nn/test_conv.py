@@ -144,7 +144,7 @@ def test_conv1d_matches_torch_in_float64(pattern, sparsity):
 def test_conv1d_refuses_what_it_cannot_run():
     for conv in (nn.Conv1d(8, 8, 3), nn.Conv1d(8, 8, 1, stride=2), nn.Conv1d(8, 8, 1, groups=8),
                  nn.Conv1d(8, 8, 1, padding=1), nn.Conv2d(8, 8, 1)):
-        with pytest.raises(ValueError, match="pointwise Conv1d"):
+        with pytest.raises(ValueError, match="pointwise Conv1d .*: (its|it|not)"):
             st.SparseConv1d.from_conv(conv, "csr", 0.5)
     with pytest.raises(ValueError, match="pointwise Conv2d"):
         st.SparseConv2d.from_conv(nn.Conv1d(8, 8, 1), "csr", 0.5)
@@ -166,26 +166,57 @@ def test_sparsify_converts_pointwise_conv1d_and_reports_the_rest():
 
 def test_sparsify_converts_transformers_conv1d():
     """GPT-2's layers are transformers' Conv1D, x @ W + b with W (in, out): each becomes a
-    SparseLinear holding W^T pruned, and the model computes what the pruned dense one does."""
+    SparseLinear holding W^T pruned, and the model computes what the original does with the pruned
+    weight; a subclass that overrides forward is reported, not converted."""
+    import copy
+
     pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
     torch.manual_seed(7)
+
+    class Scaled(pytorch_utils.Conv1D):
+        def forward(self, x):
+            return 2 * super().forward(x)
 
     class Block(nn.Module):  # GPT-2's MLP
         def __init__(self):
             super().__init__()
             self.c_fc, self.c_proj = pytorch_utils.Conv1D(64, 16), pytorch_utils.Conv1D(16, 64)
+            self.odd = Scaled(16, 16)
 
         def forward(self, x):
-            return self.c_proj(F.gelu(self.c_fc(x)))
+            return self.odd(self.c_proj(F.gelu(self.c_fc(x))))
 
     model = Block().double()
-    w_fc = model.c_fc.weight.detach().clone()
+    with torch.no_grad():
+        model.c_fc.bias.normal_(), model.c_proj.bias.normal_()
+    original = copy.deepcopy(model)
     reports = st.sparsify(model, "csr", 0.75)
     assert isinstance(model.c_fc, st.SparseLinear) and isinstance(model.c_proj, st.SparseLinear)
+    assert model.odd is not None and type(model.odd) is Scaled and "overrides" in reports["odd"].skipped
     assert reports["c_fc"].shape == (64, 16) and reports["c_proj"].shape == (16, 64)
-    kept = model.c_fc.weight.to_dense()
-    assert kept.shape == (64, 16) and torch.equal(kept[kept != 0], w_fc.T[kept != 0])  # W^T, pruned
+    with torch.no_grad():
+        for name in ("c_fc", "c_proj"):
+            dense = getattr(model, name).weight.to_dense()  # (out, in): the original's W^T, pruned
+            w = getattr(original, name).weight
+            assert torch.equal(dense[dense != 0], w.T[dense != 0]) and (dense == 0).float().mean() == 0.75
+            w.copy_(dense.T)
     x = torch.randn(3, 5, 16, dtype=torch.float64)
-    h = F.gelu(x @ model.c_fc.weight.to_dense().T + model.c_fc.bias)
-    expect = h @ model.c_proj.weight.to_dense().T + model.c_proj.bias
-    assert torch.allclose(model(x), expect, atol=1e-12)
+    assert torch.allclose(model(x), original(x), atol=1e-12)
+
+
+def test_pointwise_edge_cases_in_sparsify():
+    """Lazy convolutions are reported (not a raw error), kernel-size-1 convolutions that pad
+    nothing (padding="same", any padding mode at padding 0) are converted, padded ones named."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.LazyConv1d(8, 1), nn.Conv1d(4, 8, 1, padding="same"),
+                          nn.Conv2d(4, 8, 1, padding_mode="reflect"), nn.Conv1d(4, 8, 1, padding=1))
+    reports = st.sparsify(model, "csr", 0.5)
+    assert "lazy" in reports["0"].skipped and isinstance(model[0], nn.LazyConv1d)
+    assert isinstance(model[1], st.SparseConv1d) and isinstance(model[2], st.SparseConv2d)
+    assert "pads by (1,)" in reports["3"].skipped and isinstance(model[3], nn.Conv1d)
+
+
+def test_conv1d_output_is_contiguous_as_torchs():
+    layer = st.SparseConv1d.from_conv(nn.Conv1d(8, 12, 1), "csr", 0.5)
+    y = layer(torch.randn(2, 8, 5))
+    assert y.is_contiguous() and y.view(2, -1).shape == (2, 60)
