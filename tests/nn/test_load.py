@@ -1,0 +1,125 @@
+"""load_sparse_state_dict: a sparsified model's checkpoint into a freshly built dense model, on the
+CPU in float64: the same layers come back sparse, ties shared, outputs equal to the saved model's."""
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import spartune as st
+from spartune.nn import SparseMultiheadAttention
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 64), nn.Linear(64, 32)
+        self.head = nn.Linear(32, 32, bias=False)
+        self.tail = nn.Linear(32, 32, bias=False)
+        self.tail.weight = self.head.weight  # tied
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.mix = nn.Conv1d(32, 32, 1)
+        self.pixels = nn.Conv2d(32, 16, 1)
+        self.spatial = nn.Conv2d(16, 16, 3, padding=1)  # stays dense
+
+    def forward(self, x):
+        h = self.down(F.gelu(self.up(x)))
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        h = self.mix(h.transpose(1, 2)).transpose(1, 2)
+        h = self.tail(self.head(h))
+        img = self.pixels(h.transpose(1, 2)[..., None])
+        return h.sum() + self.spatial(img).sum()
+
+
+def saved(model):
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return torch.load(io.BytesIO(buf.getvalue()))
+
+
+def sparse_net(seed=0):
+    torch.manual_seed(seed)
+    model = Net().double().eval()
+    st.sparsify(model, {"up": "2:4", "down": ("csr", 0.7), "head": ("block:16", 0.5), "tail": ("block:16", 0.5),
+                        "attn.in_proj": ("csr", 0.5), "mix": ("csr", 0.6), "pixels": ("csr", 0.5)})
+    return model
+
+
+def test_a_checkpoint_comes_back_sparse_into_a_fresh_model():
+    model = sparse_net()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    expect = model(x)
+    fresh = Net().double().eval()  # another draw of every dense weight
+    result = st.load_sparse_state_dict(fresh, saved(model))
+    assert not result.missing_keys and not result.unexpected_keys
+    for name in ("up", "down", "head", "tail"):
+        layer, built = getattr(model, name), getattr(fresh, name)
+        assert isinstance(built, st.SparseLinear) and built.weight.signature == layer.weight.signature
+        assert torch.equal(built.weight.to_dense(), layer.weight.to_dense())
+    assert fresh.tail.weight_values is fresh.head.weight_values  # the tie, shared again
+    assert isinstance(fresh.attn, SparseMultiheadAttention) and isinstance(fresh.attn.in_proj, st.SparseLinear)
+    assert isinstance(fresh.mix, st.SparseConv1d) and isinstance(fresh.pixels, st.SparseConv2d)
+    assert isinstance(fresh.spatial, nn.Conv2d)
+    assert torch.equal(fresh(x), expect)
+
+
+def test_the_loaded_model_trains_as_the_dense_one_would():
+    model = sparse_net()
+    fresh = Net().double()
+    st.load_sparse_state_dict(fresh, saved(model))
+    assert fresh.down.weight_values.requires_grad and fresh.down.bias.requires_grad
+    fresh(torch.randn(2, 5, 32, dtype=torch.float64)).backward()
+    assert fresh.down.weight_values.grad is not None
+
+
+def test_a_sparse_layer_the_model_cannot_hold_is_refused_before_any_change():
+    sd = saved(sparse_net())
+    sd = {k.replace("down.", "spatial."): v for k, v in sd.items() if not k.startswith("spatial.")}
+    fresh = Net().double()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ValueError, match="'spatial'.*Conv2d"):
+        st.load_sparse_state_dict(fresh, sd)
+    assert isinstance(fresh.up, nn.Linear) and all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+
+
+def test_a_sparse_layer_missing_a_tensor():
+    """strict: refused before any change, naming the key; strict=False: that layer stays as it is
+    and load_state_dict's result lists what did not fit, the rest loads."""
+    sd = saved(sparse_net())
+    del sd["down.weight_values"]
+    fresh = Net().double()
+    with pytest.raises(KeyError, match="'down'.*down.weight_values"):
+        st.load_sparse_state_dict(fresh, sd)
+    assert isinstance(fresh.up, nn.Linear) and isinstance(fresh.attn, nn.MultiheadAttention)
+    result = st.load_sparse_state_dict(fresh, sd, strict=False)
+    assert isinstance(fresh.down, nn.Linear) and isinstance(fresh.up, st.SparseLinear)
+    assert "down.weight" in result.missing_keys and "down.weight_col" in result.unexpected_keys
+
+
+def test_a_dense_checkpoint_loads_as_load_state_dict_does():
+    torch.manual_seed(1)
+    source, fresh = Net().double(), Net().double()
+    st.load_sparse_state_dict(fresh, saved(source))
+    assert all(type(a) is type(b) for a, b in zip(source.modules(), fresh.modules()))
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), fresh.state_dict().values()))
+
+
+def test_a_sparsified_gpt2_checkpoint_into_a_fresh_gpt2():
+    """transformers' GPT-2 (its Conv1D layers, tied embeddings), built locally: sparsified, saved,
+    loaded into a freshly initialised GPT-2, the same logits."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=97, n_positions=16)
+    torch.manual_seed(9)
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    st.sparsify(model, {"*.mlp.*": ("csr", 0.75), "*.attn.c_attn": "2:4"})
+    ids = torch.randint(0, 97, (2, 11))
+    expect = model(ids).logits
+    torch.manual_seed(10)
+    fresh = transformers.GPT2LMHeadModel(config).double().eval()
+    result = st.load_sparse_state_dict(fresh, saved(model))
+    assert not result.missing_keys and not result.unexpected_keys
+    assert isinstance(fresh.transformer.h[0].mlp.c_fc, st.SparseLinear)
+    assert isinstance(fresh.transformer.h[0].attn.c_attn, st.SparseLinear)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
+    assert torch.equal(fresh(ids).logits, expect)
