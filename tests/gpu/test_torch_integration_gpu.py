@@ -192,3 +192,25 @@ def test_a_first_call_with_nan_and_inf_tokens(pattern, sparsity):
         assert (y1[0, ~hit].double() - expect[0, ~hit]).norm() <= TOL * expect[0, ~hit].norm()
     x2 = torch.randn(1, 256, device="cuda", dtype=dtype)
     assert rel_err(st.linear(x2, A1), ref.linear(x2, A1)) < TOL
+
+
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+def test_a_checkpoint_loaded_on_the_cpu_into_a_fresh_gpu_model(pattern, sparsity):
+    """A sparsified fp16 model's state_dict saved, loaded with map_location="cpu", then into a
+    freshly built model on the GPU: its layers come back sparse on the GPU, the outputs match the
+    float64 reference of the saved model."""
+    import io
+
+    model = sparse_model(pattern, sparsity, torch.float16)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    sd = torch.load(io.BytesIO(buf.getvalue()), map_location="cpu")
+    torch.manual_seed(1)
+    fresh = GatedMLP().to("cuda", torch.float16).eval()
+    result = st.load_sparse_state_dict(fresh, sd)
+    assert not result.missing_keys and not result.unexpected_keys
+    layers = [m for m in fresh.modules() if isinstance(m, st.SparseLinear)]
+    assert layers and all(m.weight_values.is_cuda for m in layers)
+    with torch.no_grad():
+        x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+        assert rel_err(fresh(x), reference(model, x)) < TOL
