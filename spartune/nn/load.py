@@ -3,104 +3,120 @@ dense model. Without it the dense layers refuse the checkpoint (they expect a de
 pruning a random model first only to overwrite it draws and discards a whole model's weights."""
 from __future__ import annotations
 
-import torch
+import json
+
 from torch import nn
 
 from ..formats import format_class
-from .attention import PROJECTIONS, SparseMultiheadAttention, disable_fused_fast_paths
-from .conv import _SparsePointwise, is_pointwise, sparse_pointwise_class
+from .conv import _SparsePointwise, sparse_pointwise_class
 from .linear import _SPEC_KEY, SparseLinear, _spec_of
-from .sparsify import _get, _set, is_transposed_linear
-
-
-_IN_PROJECTIONS = tuple(p for p in PROJECTIONS if p != "out_proj")  # nn.MultiheadAttention has out_proj too
+from .sparsify import _convertible, _get, _plan, _shape, _swap_in
 
 
 def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool = True):
     """Load `state_dict`, saved from a sparsified model (`model.state_dict()` after sparsify), into
-    `model`, a dense model of the same architecture: each layer the checkpoint holds sparse becomes
-    sparse first as sparsify made it (SparseLinear for nn.Linear and transformers' Conv1D,
-    SparseConv1d / SparseConv2d for pointwise convolutions, SparseMultiheadAttention for attention,
-    tied weights shared again), then `model.load_state_dict(state_dict, strict)` loads every
-    tensor; its result is returned. Nothing is pruned and no random weight is drawn. A sparse layer
-    where the model has no linear layer or pointwise convolution raises before anything changes.
+    `model`, a dense model of the same architecture, and return load_state_dict's result.
+
+    Each layer the checkpoint holds sparse becomes sparse first, as sparsify would make it
+    (SparseLinear for nn.Linear and transformers' Conv1D, SparseConv1d / SparseConv2d for
+    pointwise convolutions, attention as SparseMultiheadAttention, tied weights shared again, on
+    the dense layer's device and dtype, trainable as it was); then `model.load_state_dict`
+    loads every tensor. Nothing is pruned and no random weight is drawn. Every sparse layer is
+    built before the model changes: one the model cannot hold there (another shape, a layer
+    sparsify would not convert) raises, as does one missing a tensor under `strict` (without it,
+    such layers stay as they are and load_state_dict's result lists their keys). A tied layer
+    whose tensors the checkpoint left out (safetensors' save_model keeps one copy) shares the
+    first's. Not in a state_dict, and so not restored: a pointwise convolution's fused activation
+    (sparsify makes none).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"load_sparse_state_dict: model must be an nn.Module, got {type(model).__name__}")
-    prefixes = sorted(k[: len(k) - len(_SPEC_KEY)] for k in state_dict
-                      if k.endswith(_SPEC_KEY) and _is_spartune_spec(_spec_of(state_dict, k[: len(k) - len(_SPEC_KEY)])))
-    attention = {name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)
-                 and any(k.startswith(_join(name, p) + ".") for k in state_dict for p in _IN_PROJECTIONS)}
-    built = {}  # name -> the sparse layer; every one built (or refused) before the model changes
-    made = {}  # the values' storage -> the layer built on them (ties)
-    for prefix in prefixes:
-        name, old = _target(model, prefix[:-1], attention)
-        if isinstance(old, (SparseLinear, _SparsePointwise)):
-            continue  # already sparse: load_state_dict loads it
-        absent = [prefix + f"weight_{n}" for n in format_class(_spec_of(state_dict, prefix)).tensor_fields()
-                  if prefix + f"weight_{n}" not in state_dict]
+    saved = [k[: len(k) - len(_SPEC_KEY)] for k in state_dict if k.endswith(_SPEC_KEY)]
+    saved = [p for p in saved if _is_spartune_spec(_spec_of(state_dict, p))]
+    plan = _plan(model, lambda name, m: "csr", None, None)  # every layer sparsify would convert, and why not
+    holders = {}  # id(module) -> its plan name: a module held under several names is converted once
+    for name, (module, _, _) in plan.items():
+        holders.setdefault(id(module), name)
+    state = dict(state_dict)  # (tied layers' tensors filled in where the checkpoint left them out)
+    attention, replacements, made = {}, {}, {}  # made: id(dense weight) -> (prefix, layer, dense bias)
+    # layers with their tensors first, so that a tie missing them finds its first layer built
+    for prefix in sorted(saved, key=lambda p: (_absent(state, p) != [], p)):
+        name = _planned(model, plan, holders, prefix[:-1])
+        if name is None or isinstance(plan[name][0], SparseLinear) or name in replacements:
+            if name is None and strict and not _sparse_already(model, prefix[:-1]):
+                raise ValueError(f"load_sparse_state_dict: the checkpoint holds a sparse layer {prefix[:-1]!r} that "
+                                 "the model has no linear layer or pointwise convolution for")
+            continue  # already sparse (load_state_dict loads it), an alias, or left to load_state_dict
+        module, _, skipped = plan[name]
+        if skipped:
+            if not strict:
+                continue
+            raise ValueError(f"load_sparse_state_dict: the checkpoint holds {name!r} sparse, but sparsify would not "
+                             f"convert the model's layer there: {skipped}")
+        spec = _spec_of(state, prefix)
+        if tuple(json.loads(spec)["shape"]) != _shape(module):
+            raise ValueError(f"load_sparse_state_dict: {name!r} is {tuple(json.loads(spec)['shape'])} in the checkpoint "
+                             f"and {_shape(module)} (out, in) in the model")
+        module = _convertible(model, name, module, attention)
+        tied = made.get(id(module.weight))
+        if tied is not None:  # the same Parameter in two layers: one sparse weight, shared
+            first_prefix, first, first_bias = tied
+            shared_bias = module.bias is not None and module.bias is first_bias
+            for key in _keys(spec, shared_bias):
+                state.setdefault(prefix + key, state[first_prefix + key])
+            replacements[name] = first.tied_copy(first.bias if shared_bias else module.bias)
+            continue
+        absent = _absent(state, prefix)
         if absent:
             if strict:
                 raise KeyError(f"load_sparse_state_dict: the checkpoint's sparse layer {prefix[:-1]!r} lacks {absent}")
-            continue  # left as it is: load_state_dict reports what does not fit
-        values, bias = state_dict[prefix + "weight_values"], state_dict.get(prefix + "bias")
-        tie = made.get(_storage(values))
-        if tie is not None:
-            layer = tie.tied_copy(tie.bias if bias is not None and tie.bias is not None
-                                  and _storage(bias) == _storage(tie.bias) else bias)
-        else:
-            layer = made[_storage(values)] = SparseLinear.from_state_dict(state_dict, prefix)
-            trains, device = old.weight.requires_grad, old.weight.device
-            layer.weight_values.requires_grad_(trains)
-            if layer.bias is not None:
-                layer.bias.requires_grad_(trains)
-            if device.type != "meta":  # where the model is (before any tie shares it)
-                layer.to(device)
-        if isinstance(old, (nn.Conv1d, nn.Conv2d)):
-            layer = sparse_pointwise_class(old)(layer.weight, layer.bias, requires_grad=old.weight.requires_grad)
-        built[name] = layer
-    for name in attention:
-        _set(model, name, SparseMultiheadAttention.from_mha(_get(model, name)))
-    for name, layer in built.items():
-        _set(model, name, layer)
-    disable_fused_fast_paths(model)
-    return model.load_state_dict(state_dict, strict=strict)
+            continue
+        weight = module.weight
+        layer = SparseLinear.from_state_dict(state, prefix)
+        layer.to(dtype=weight.dtype) if weight.device.type == "meta" else layer.to(weight.device, weight.dtype)
+        if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+            layer = sparse_pointwise_class(module)(layer.weight, layer.bias)
+        linear = layer.linear if isinstance(layer, _SparsePointwise) else layer
+        linear.weight_values.requires_grad_(weight.requires_grad)
+        if linear.bias is not None and module.bias is not None:
+            linear.bias.requires_grad_(module.bias.requires_grad)
+        made[id(weight)] = (prefix, layer, module.bias)
+        replacements[name] = layer
+    _swap_in(model, attention, replacements)
+    return model.load_state_dict(state, strict=strict)
 
 
-def _target(model, name, attention):
-    """(the module name to replace, the module there now) for a sparse layer saved under `name`."""
-    parent, _, child = name.rpartition(".")
-    if child == "linear":  # a pointwise convolution's SparseLinear
-        try:
-            conv = _get(model, parent)
-        except AttributeError:
-            conv = None
-        if isinstance(conv, _SparsePointwise) or isinstance(conv, (nn.Conv1d, nn.Conv2d)) and is_pointwise(conv):
-            return parent, conv
-    if parent in attention and child in PROJECTIONS:
-        mha = _get(model, parent)
-        return name, mha.out_proj if child == "out_proj" else _LinearShape(mha, child)
+def _planned(model, plan, holders, saved_name):
+    """The plan's name of the layer a checkpoint saved under `saved_name` (a pointwise
+    convolution's is its `.linear`; an alias of a module resolves to its first name), or None."""
+    parent, _, child = saved_name.rpartition(".")
+    for name in ([parent] if child == "linear" else []) + [saved_name]:
+        if name in plan:
+            return holders.get(id(plan[name][0]), name)
+        module = _module_at(model, name)
+        if module is not None and id(module) in holders:
+            return holders[id(module)]
+    return None
+
+
+def _sparse_already(model, saved_name) -> bool:
+    """Whether the model already holds that layer sparse (load_state_dict then loads it)."""
+    return isinstance(_module_at(model, saved_name), SparseLinear)
+
+
+def _module_at(model, name):
     try:
-        old = _get(model, name)
+        return _get(model, name)
     except AttributeError:
-        raise ValueError(f"load_sparse_state_dict: the checkpoint holds a sparse layer {name!r} that the model "
-                         "does not have") from None
-    if isinstance(old, (nn.Linear, SparseLinear)) or is_transposed_linear(old):
-        return name, old
-    raise ValueError(f"load_sparse_state_dict: the checkpoint holds a sparse layer {name!r}, where the model has "
-                     f"{type(old).__name__} (a linear layer or a pointwise convolution was expected)")
+        return None
 
 
-class _LinearShape:
-    """What _target reports for an MHA in-projection, which is no module before the conversion:
-    its weight's device and requires_grad."""
-
-    def __init__(self, mha: nn.MultiheadAttention, child: str):
-        self.weight = mha.in_proj_weight if child == "in_proj" else getattr(mha, f"{child}_weight")
+def _keys(spec: str, bias: bool) -> list[str]:
+    return [f"weight_{n}" for n in format_class(spec).tensor_fields()] + ["bias"] * bias
 
 
-def _storage(t: torch.Tensor):
-    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)
+def _absent(state, prefix) -> list[str]:
+    return [prefix + k for k in _keys(_spec_of(state, prefix), False) if prefix + k not in state]
 
 
 def _is_spartune_spec(spec) -> bool:
@@ -111,7 +127,3 @@ def _is_spartune_spec(spec) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _join(name: str, child: str) -> str:
-    return f"{name}.{child}" if name else child

@@ -86,11 +86,7 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
             reports[name] = LayerReport(name, shape, None, dense_bytes=dense_bytes, sparse_bytes=dense_bytes,
                                         skipped=skipped or "not selected")
             continue
-        parent_name = name.rpartition(".")[0]
-        if name.rpartition(".")[2] in PROJECTIONS and isinstance(_get(model, parent_name), nn.MultiheadAttention):
-            if parent_name not in attention:
-                attention[parent_name] = SparseMultiheadAttention.from_mha(_get(model, parent_name))
-            module = getattr(attention[parent_name], name.rpartition(".")[2])
+        module = _convertible(model, name, module, attention)
         pat, sp = choice
         tied = made.get(id(module.weight))
         try:
@@ -119,6 +115,24 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
         replacements[name] = layer.to(module.weight.device)
     if dry_run:
         return reports
+    _swap_in(model, attention, replacements)
+    return reports
+
+
+def _convertible(model, name: str, module: nn.Module, attention: dict) -> nn.Module:
+    """The module that a plan's entry converts: an nn.MultiheadAttention's projection is its
+    SparseMultiheadAttention's layer (the attention converted once, kept in `attention`)."""
+    parent_name, _, child = name.rpartition(".")
+    if child in PROJECTIONS and isinstance(_get(model, parent_name), nn.MultiheadAttention):
+        if parent_name not in attention:
+            attention[parent_name] = SparseMultiheadAttention.from_mha(_get(model, parent_name))
+        return getattr(attention[parent_name], child)
+    return module
+
+
+def _swap_in(model, attention: dict, replacements: dict) -> None:
+    """Put the converted attention modules, then the new layers (name -> layer), into the model,
+    under every name a replaced module is held at; switch off the fused fast paths they break."""
     aliases = [n for n, _ in model.named_modules(remove_duplicate=False) if n]  # a module held at several names
     new = {}  # id(module replaced) -> (it, kept alive while ids are compared; its replacement)
     for parent_name, attn in attention.items():  # the attention modules first, their projections next
@@ -135,7 +149,6 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
         if id(old) in new and new[id(old)][0] is old:
             _set(model, name, new[id(old)][1])
     disable_fused_fast_paths(model)
-    return reports
 
 
 def _plan(model, pattern, sparsity, filter_fn) -> dict:

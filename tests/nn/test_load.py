@@ -78,7 +78,7 @@ def test_a_sparse_layer_the_model_cannot_hold_is_refused_before_any_change():
     sd = {k.replace("down.", "spatial."): v for k, v in sd.items() if not k.startswith("spatial.")}
     fresh = Net().double()
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
-    with pytest.raises(ValueError, match="'spatial'.*Conv2d"):
+    with pytest.raises(ValueError, match=r"'spatial'.*kernel size is \(3, 3\)"):
         st.load_sparse_state_dict(fresh, sd)
     assert isinstance(fresh.up, nn.Linear) and all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
 
@@ -123,3 +123,71 @@ def test_a_sparsified_gpt2_checkpoint_into_a_fresh_gpt2():
     assert isinstance(fresh.transformer.h[0].attn.c_attn, st.SparseLinear)
     assert fresh.lm_head.weight is fresh.transformer.wte.weight
     assert torch.equal(fresh(ids).logits, expect)
+
+
+def test_ties_come_back_from_a_checkpoint_that_kept_one_copy(tmp_path):
+    """safetensors' save_model keeps one copy of tied tensors: the tied layer shares the first's
+    weight and bias again, as in the saved model."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+            self.b.weight, self.b.bias = self.a.weight, self.a.bias
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(11)
+    model = Tied().double()
+    st.sparsify(model, "csr", 0.5)
+    path = tmp_path / "tied.safetensors"
+    safetensors_torch.save_model(model, str(path))
+    fresh = Tied().double()
+    result = st.load_sparse_state_dict(fresh, safetensors_torch.load_file(str(path)))
+    assert not result.missing_keys and not result.unexpected_keys
+    assert fresh.b.weight_values is fresh.a.weight_values and fresh.b.bias is fresh.a.bias
+    assert len(list(fresh.parameters())) == 2
+    x = torch.randn(3, 16, dtype=torch.float64)
+    assert torch.equal(fresh(x), model(x))
+
+
+def test_the_layers_take_the_models_dtype_and_refuse_another_shape():
+    sd = saved(sparse_net())
+    fresh = Net().double().half()
+    st.load_sparse_state_dict(fresh, sd)
+    assert fresh.down.weight_values.dtype == torch.float16 and fresh.up.weight_values.dtype == torch.float16
+    wide = Net().double()
+    wide.up = nn.Linear(32, 128)
+    with pytest.raises(ValueError, match=r"'up' is \(64, 32\) in the checkpoint and \(128, 32\)"):
+        st.load_sparse_state_dict(wide, sd)
+    assert isinstance(wide.down, nn.Linear)  # nothing changed
+
+
+def test_a_model_that_is_the_layer_itself_and_layers_it_lacks():
+    torch.manual_seed(12)
+    holder = nn.Sequential(nn.Linear(8, 8))
+    st.sparsify(holder, "csr", 0.5)
+    sd = {k.removeprefix("0."): v for k, v in saved(holder).items()}
+    with pytest.raises(ValueError, match="the model itself is this layer"):
+        st.load_sparse_state_dict(nn.Linear(8, 8), sd)
+    backbone = nn.Sequential(nn.Linear(8, 8))  # a checkpoint with a head the model has not
+    sd = {**saved(holder), **{f"head.{k.removeprefix('0.')}": v for k, v in saved(holder).items()}}
+    with pytest.raises(ValueError, match="'head'"):
+        st.load_sparse_state_dict(backbone, sd)
+    result = st.load_sparse_state_dict(backbone, sd, strict=False)
+    assert isinstance(backbone[0], st.SparseLinear) and "head.weight_values" in result.unexpected_keys
+
+
+def test_a_module_held_under_two_names():
+    torch.manual_seed(13)
+    shared = nn.Linear(8, 8)
+    model = nn.ModuleDict({"p": shared, "q": shared}).double()
+    st.sparsify(model, "csr", 0.5)
+    fresh_shared = nn.Linear(8, 8)
+    fresh = nn.ModuleDict({"p": fresh_shared, "q": fresh_shared}).double()
+    result = st.load_sparse_state_dict(fresh, saved(model))
+    assert not result.missing_keys and not result.unexpected_keys
+    assert fresh["p"] is fresh["q"] and isinstance(fresh["p"], st.SparseLinear)
+    assert torch.equal(fresh["p"].weight.to_dense(), model["p"].weight.to_dense())
