@@ -26,7 +26,8 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
     sparsify would not convert) raises, as does one missing a tensor under `strict` (without it,
     such layers stay as they are and load_state_dict's result lists their keys). A tied layer
     whose tensors the checkpoint left out (safetensors' save_model keeps one copy) shares the
-    first's. Not in a state_dict, and so not restored: a pointwise convolution's fused activation
+    first's, as does any tied tensor it left out (transformers' save_pretrained drops a tied
+    lm_head). Not in a state_dict, and so not restored: a pointwise convolution's fused activation
     (sparsify makes none).
     """
     if not isinstance(model, nn.Module):
@@ -38,7 +39,7 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
     for name, (module, _, _) in plan.items():
         holders.setdefault(id(module), name)
     state = dict(state_dict)  # (tied layers' tensors filled in where the checkpoint left them out)
-    attention, replacements, made = {}, {}, {}  # made: id(dense weight) -> (prefix, layer, dense bias)
+    attention, replacements, made = {}, {}, {}  # made: id(dense weight) -> (layer, dense bias)
     # layers with their tensors first, so that a tie missing them finds its first layer built
     for prefix in sorted(saved, key=lambda p: (_absent(state, p) != [], p)):
         name = _planned(model, plan, holders, prefix[:-1])
@@ -60,10 +61,8 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
         module = _convertible(model, name, module, attention)
         tied = made.get(id(module.weight))
         if tied is not None:  # the same Parameter in two layers: one sparse weight, shared
-            first_prefix, first, first_bias = tied
+            first, first_bias = tied
             shared_bias = module.bias is not None and module.bias is first_bias
-            for key in _keys(spec, shared_bias):
-                state.setdefault(prefix + key, state[first_prefix + key])
             replacements[name] = first.tied_copy(first.bias if shared_bias else module.bias)
             continue
         absent = _absent(state, prefix)
@@ -80,10 +79,25 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
         linear.weight_values.requires_grad_(weight.requires_grad)
         if linear.bias is not None and module.bias is not None:
             linear.bias.requires_grad_(module.bias.requires_grad)
-        made[id(weight)] = (prefix, layer, module.bias)
+        made[id(weight)] = (layer, module.bias)
         replacements[name] = layer
     _swap_in(model, attention, replacements)
+    _fill_ties(model, state)
     return model.load_state_dict(state, strict=strict)
+
+
+def _fill_ties(model, state: dict) -> None:
+    """Keys a checkpoint left out because their tensor is another's in the model (safetensors'
+    save_model keeps one copy of tied tensors; transformers' save_pretrained drops a tied
+    lm_head): given the present one's tensor."""
+    names = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(t), []).append(name)
+    for group in names.values():
+        present = next((n for n in group if n in state), None)
+        if present is not None:
+            for n in group:
+                state.setdefault(n, state[present])
 
 
 def _planned(model, plan, holders, saved_name):
@@ -111,12 +125,10 @@ def _module_at(model, name):
         return None
 
 
-def _keys(spec: str, bias: bool) -> list[str]:
-    return [f"weight_{n}" for n in format_class(spec).tensor_fields()] + ["bias"] * bias
-
-
 def _absent(state, prefix) -> list[str]:
-    return [prefix + k for k in _keys(_spec_of(state, prefix), False) if prefix + k not in state]
+    """The weight tensors of the sparse layer saved under `prefix` that the checkpoint lacks."""
+    return [prefix + f"weight_{n}" for n in format_class(_spec_of(state, prefix)).tensor_fields()
+            if prefix + f"weight_{n}" not in state]
 
 
 def _is_spartune_spec(spec) -> bool:

@@ -125,6 +125,23 @@ def test_a_sparsified_gpt2_checkpoint_into_a_fresh_gpt2():
     assert torch.equal(fresh(ids).logits, expect)
 
 
+def test_a_sparsified_gpt2_saved_by_save_pretrained(tmp_path):
+    """save_pretrained writes safetensors without the tied lm_head: loaded strictly all the same."""
+    transformers = pytest.importorskip("transformers")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=97, n_positions=16)
+    torch.manual_seed(14)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    st.sparsify(model, {"*.h.0.mlp.*": ("csr", 0.75), "*.h.1.*": ("block:16", 0.5)})
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 97, (2, 9))
+    fresh = transformers.GPT2LMHeadModel(config).eval()
+    result = st.load_sparse_state_dict(fresh, safetensors_torch.load_file(str(tmp_path / "model.safetensors")))
+    assert not result.missing_keys and not result.unexpected_keys
+    assert isinstance(fresh.transformer.h[1].attn.c_proj, st.SparseLinear)
+    assert torch.equal(fresh(ids).logits, model(ids).logits)
+
+
 def test_ties_come_back_from_a_checkpoint_that_kept_one_copy(tmp_path):
     """safetensors' save_model keeps one copy of tied tensors: the tied layer shares the first's
     weight and bias again, as in the saved model."""
