@@ -43,11 +43,13 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
     # layers with their tensors first, so that a tie missing them finds its first layer built
     for prefix in sorted(saved, key=lambda p: (_absent(state, p) != [], p)):
         name = _planned(model, plan, holders, prefix[:-1])
-        if name is None or isinstance(plan[name][0], SparseLinear) or name in replacements:
-            if name is None and strict and not _sparse_already(model, prefix[:-1]):
+        if name is None:
+            if strict and not _sparse_already(model, prefix[:-1]):
                 raise ValueError(f"load_sparse_state_dict: the checkpoint holds a sparse layer {prefix[:-1]!r} that "
                                  "the model has no linear layer or pointwise convolution for")
-            continue  # already sparse (load_state_dict loads it), an alias, or left to load_state_dict
+            continue  # already sparse, or left to load_state_dict's report
+        if isinstance(plan[name][0], SparseLinear) or name in replacements:
+            continue  # already sparse (load_state_dict loads it), or an alias of a layer built
         module, _, skipped = plan[name]
         if skipped:
             if not strict:
