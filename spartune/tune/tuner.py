@@ -65,8 +65,28 @@ def _far_past_prediction(seconds: float, predicted: float) -> bool:
 
 
 def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> int:
-    """How many of the model's best candidates fast mode measures (library backends come on top)."""
+    """How many of the model's best candidates fast mode measures at least (library backends come
+    on top, and up to TIES_EXTRA ties of the last: fast_selection)."""
     return max(top_k, math.floor(top_frac * n_candidates))
+
+
+# Fast mode also measures up to TIES_EXTRA candidates predicted within TIE of the last of its
+# count: the model cannot tell those apart (13B up 2:4 at N = 1: six configs within 1.3%, the
+# exhaustive best, 1-2% faster than the rest and alone past 1.6x, fifth where four were measured;
+# benchmarks/LOG.md, session 34). Offline on run 9's exhaustive records: within 2% of the best
+# 0.859 -> 0.875 of the problems, measuring 7.5% -> 8.6% of the candidates.
+TIE, TIES_EXTRA = 0.005, 2
+
+
+def fast_selection(preds: list[float], order: list[int], top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> list[int]:
+    """The candidates (indices into preds, `order` their ranking by it) that fast mode measures
+    besides the libraries: the model's best fast_count, and those tied with the last of them."""
+    k = fast_count(len(order), top_k, top_frac)
+    chosen = list(order[:k])
+    if 0 < k < len(order):
+        last = preds[order[k - 1]]
+        chosen += [i for i in order[k:k + TIES_EXTRA] if preds[i] <= last * (1 + TIE)]
+    return chosen
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,7 +149,7 @@ class Tuner:
     which the candidate has lost, so it may stop at a first estimate above it (else None); a
     one-argument measurer is called as before. db=None keeps choices in memory only.
     Fast mode measures the model's best fast_count(len(candidates), top_k, top_frac)
-    (top_frac=0: exactly top_k) and the libraries. in_turns(candidates) -> seconds each, timed
+    (top_frac=0: top_k), the few it predicts within TIE of the last of those, and the libraries. in_turns(candidates) -> seconds each, timed
     in turns: the finalists of long calls are ranked by it (default: measure.in_turns with the
     default measurer, none with a custom one).
     """
@@ -240,8 +260,8 @@ class Tuner:
         if self.mode == "model":
             to_measure = []
         elif self.mode == "fast":
-            k = fast_count(len(cands), self.top_k, self.top_frac)
-            to_measure = order[:k] + [i for i in order[k:] if cands[i].library]
+            chosen = fast_selection(preds, order, self.top_k, self.top_frac)
+            to_measure = chosen + [i for i in order if cands[i].library and i not in chosen]
         else:
             to_measure = order
         _prepare([cands[i] for i in to_measure])
@@ -414,8 +434,8 @@ def evaluate(records: Iterable[dict], top_k: int = TOP_K, library_backends: Iter
 
     records: rows with 'problem' (any hashable key), 'backend', 'seconds' (None = failed) and
     'predicted' (e.g. TuningDB.results()). Per problem, model mode picks the best-predicted
-    candidate that ran; fast mode measures the fast_count(candidates, top_k, top_frac) best
-    predicted plus the library backends, as Tuner does, and picks the fastest of those
+    candidate that ran; fast mode measures what fast_selection gives (the fast_count best
+    predicted and their ties) plus the library backends, as Tuner does, and picks the fastest of those
     (top_frac=0: exactly top_k). Ratios are picked time / exhaustive best (1.0 is perfect).
     'best_in_top_k' counts the exhaustive best among the model's top_k (not the scaled count).
     """
@@ -432,8 +452,9 @@ def evaluate(records: Iterable[dict], top_k: int = TOP_K, library_backends: Iter
         best = min(r["seconds"] for r in valid)
         order = sorted(rows, key=_pred)
         model.append(next(r["seconds"] for r in order if r["seconds"] is not None) / best)
-        k = fast_count(len(rows), top_k, top_frac)
-        chosen = order[:k] + [r for r in order[k:] if r["backend"] in library]
+        picked = fast_selection([_pred(r) for r in order], list(range(len(order))), top_k, top_frac)
+        chosen = [order[i] for i in picked] + [r for i, r in enumerate(order) if r["backend"] in library
+                                               and i not in picked]
         ran = [r["seconds"] for r in chosen if r["seconds"] is not None]
         fast.append(min(ran) / best if ran else math.inf)
         measured += len(chosen)

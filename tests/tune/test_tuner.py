@@ -11,7 +11,7 @@ from spartune.tune.db import TuningDB
 from spartune.tune.device import H100
 from spartune.tune.model import dense_gemm_seconds
 from spartune.tune.problem import KernelFeatures, Problem
-from spartune.tune.tuner import Candidate, Choice, Tuner, config_json, evaluate, fast_count
+from spartune.tune.tuner import TIES_EXTRA, Candidate, Choice, Tuner, config_json, evaluate, fast_count
 
 VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0"}
 STATS = FormatStats(rows=4096, cols=4096, nnz=419430, density=0.1, unit_rows=64, units=64, items_mean=6.4,
@@ -81,6 +81,19 @@ def test_fast_measures_more_of_a_large_space():
     assert fast_count(20) == fast_count(45) == 4 and fast_count(221) == 13
     with pytest.raises(ValueError, match="top_frac"):
         Tuner(None, H100, measurer=m, top_frac=1.5)
+
+
+def test_fast_measures_the_models_ties_with_its_last_too():
+    """Candidates the model predicts within TIE of the last of the top k are measured as well (at
+    most TIES_EXTRA of them): the fastest here is predicted 0.2% behind the fourth."""
+    cands, m = space(measured={5: 0.5e-6})
+    for i, predicted in ((4, 4.004e-6), (5, 4.008e-6), (6, 4.012e-6)):
+        cands[i] = Candidate("blocked", cands[i].config, predicted=predicted)
+    choice = tuner(m).pick(problem(), cands)
+    assert choice.config == Cfg(bn=16 * 6) and len(m.calls) == 4 + TIES_EXTRA + 1
+    assert ("blocked", Cfg(bn=16 * 7)) not in m.calls  # a third tie: past TIES_EXTRA
+    cands, m = space(measured={4: 0.5e-6})  # the fifth predicted 25% behind the fourth: not a tie
+    assert tuner(m).pick(problem(), cands).config != Cfg(bn=16 * 5) and len(m.calls) == 4 + 1
 
 
 def test_dense_is_always_measured_and_wins_when_fastest():
@@ -497,6 +510,14 @@ def test_evaluate_on_a_known_fixture():
     assert ev["best_in_top_k"] == pytest.approx(1 / 3)
     # Spearman per problem: A +1, B (valid 1, 3, dense: times 11, 10, 30) +0.5, C -1
     assert ev["spearman_median"] == pytest.approx(0.5) and ev["spearman_mean"] == pytest.approx(1 / 6)
+
+
+def test_evaluate_counts_the_ties_fast_mode_measures():
+    tied = [rec("T", "k", 1.0, 12.0), rec("T", "k", 2.0, 11.0), rec("T", "k", 2.001, 10.0), rec("T", "k", 3.0, 9.0),
+            rec("T", "dense", 9.0, 20.0)]
+    ev = evaluate(tied, top_k=2, top_frac=0.0)  # k 2, the 2.001 tie, dense: 4 of 5, the best of them 10 of 9
+    assert ev["fast"]["fraction_measured"] == pytest.approx(4 / 5)
+    assert ev["fast"]["ratio_median"] == pytest.approx(10 / 9)
 
 
 def test_evaluate_scores_the_scaled_fast_mode():
