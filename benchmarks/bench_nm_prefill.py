@@ -14,7 +14,7 @@ table's ratios are those two.
 
 --first-use tunes first (`spartune.linear`'s first call timed: compiles and measurements, the
 cubin cache as earlier problems left it; run with a fresh SPARTUNE_CACHE_DIR) and scores the
-tuner's fast mode on the timed configs: the best of the model's top k (tuner.fast_count) against
+tuner's fast mode on the timed configs: the best of what it measures (tuner.fast_selection) against
 the best of all timed (--top 0 times the whole space).
 
 Prints a table last (x dense, x cuSPARSELt, fraction of the floor) and writes JSON to DIR
@@ -40,7 +40,7 @@ from spartune.tune.device import DeviceSpec, device_name
 from spartune.tune.model import predict
 from spartune.tune.measure import interleaved
 from spartune.tune.problem import Problem
-from spartune.tune.tuner import fast_count
+from spartune.tune.tuner import fast_selection
 
 from bench_nm_decode import SHAPES as LLAMA, each_problem, seconds  # (a sibling script: benchmarks/ is on the path)
 
@@ -105,8 +105,9 @@ def run_case(name, M, Kd, N, pattern, dtype, top, tuned, first_use=False):
     for cfg in configs[:top or None]:
         K.launch(A, x, out, cfg)
         timed.append((seconds(lambda: K.launch(A, x, out, cfg)), cfg))
-    k = fast_count(len(configs))
-    fast_pick = min(timed[:k], key=lambda t: t[0])  # (in the model's order until sorted below)
+    preds = [predict(K.features(prob, c), spec, dtype) for c in configs]
+    fast_set = [i for i in fast_selection(preds, list(range(len(configs)))) if i < len(timed)]
+    fast_pick = min((timed[i] for i in fast_set), key=lambda t: t[0])  # (in the model's order until sorted below)
     timed.sort(key=lambda t: t[0])
     t, cfg = timed[0]
     row["fast_over_best"] = fast_pick[0] / t

@@ -349,7 +349,7 @@ def _order(rows):
 
 def picks(rows, top_k: int) -> dict:
     """Indices picked by each mode, as evaluate() defines them."""
-    from spartune.tune.tuner import fast_count
+    from spartune.tune.tuner import fast_selection
 
     order = _order(rows)
     ok = [i for i in range(len(rows)) if rows[i]["seconds"] is not None]
@@ -357,8 +357,9 @@ def picks(rows, top_k: int) -> dict:
         return {}
     best = min(ok, key=lambda i: rows[i]["seconds"])
     model = next(i for i in order if rows[i]["seconds"] is not None)
-    k = fast_count(len(rows), top_k)  # the Tuner's rule: max(top_k, a share of the space)
-    fast_set = order[:k] + [i for i in order[k:] if rows[i]["backend"] == "dense"]
+    preds = [math.inf if r["predicted"] is None else r["predicted"] for r in rows]
+    fast_set = fast_selection(preds, order, top_k)  # the Tuner's rule: a share of the space, and ties
+    fast_set += [i for i in order if rows[i]["backend"] == "dense" and i not in fast_set]
     fast_ok = [i for i in fast_set if rows[i]["seconds"] is not None]
     fast = min(fast_ok, key=lambda i: rows[i]["seconds"]) if fast_ok else None
     dense = next((i for i in range(len(rows)) if rows[i]["backend"] == "dense"), None)
