@@ -2,6 +2,8 @@
 layer: state_dict, autograd, torch.compile, CUDA graphs, `.to()`."""
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import torch
@@ -221,10 +223,10 @@ class SparseLinear(nn.Module):
                 self.weight_values.copy_(fmt.values)
             fmt = fmt._with_values_trusted(self.weight_values)
         else:  # nn.Linear would refuse; a sparse checkpoint may keep other positions: said, not silent
-            warnings.warn(f"{prefix}weight: the checkpoint keeps {fmt.values.numel()} values where this layer "
-                          f"kept {self.weight_values.numel()} ({fmt.spec}): weight_values is a new Parameter, "
-                          "so an optimizer built before this load, and layers tied to this one, still hold "
-                          "the old one (build optimizers after loading)", stacklevel=2)
+            _warn_caller(f"{prefix}weight: the checkpoint keeps {fmt.values.numel()} values where this layer "
+                         f"kept {self.weight_values.numel()} ({fmt.spec}): weight_values is a new Parameter, "
+                         "so an optimizer built before this load, and layers tied to this one, still hold "
+                         "the old one (build optimizers after loading)")
         self._adopt(fmt, self.weight_values.requires_grad)
 
     def _apply(self, fn, recurse=True):
@@ -246,6 +248,16 @@ def _in_layout_of(current: SparseFormat, fmt: SparseFormat) -> SparseFormat:
     if isinstance(fmt, _TileOrder) and type(current) is fmt._canonical:
         return fmt.unpack()
     return fmt
+
+
+def _warn_caller(message: str) -> None:
+    """A UserWarning attributed to the first caller outside spartune and torch (the user's
+    load_state_dict), not to torch's loading machinery a few frames below it."""
+    roots = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(roots):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level + 1)
 
 
 def _spec_of(state_dict, prefix: str) -> str | None:

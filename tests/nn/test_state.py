@@ -220,8 +220,9 @@ def test_a_checkpoint_keeping_other_values_warns_that_the_parameter_is_new():
     user is told that an optimizer built before the load no longer holds the layer's values."""
     src, dst = layer(0, "csr", 0.9), layer(1, "csr", 0.5)
     param = dst.weight_values
-    with pytest.warns(UserWarning, match="new Parameter"):
+    with pytest.warns(UserWarning, match="new Parameter") as caught:
         dst.load_state_dict(src.state_dict())
+    assert caught[0].filename == __file__  # the user's load_state_dict call, not torch's machinery
     assert dst.weight_values is not param
     assert torch.equal(dst.weight.to_dense(), src.weight.to_dense())
 
