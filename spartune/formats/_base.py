@@ -253,14 +253,16 @@ class SparseFormat:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors().values())
 
-    def to(self, *args, **kwargs) -> "SparseFormat":
+    def to(self, *args, copy: bool = False, **kwargs) -> "SparseFormat":
         """Tensor.to's forms: a device moves every tensor, a floating dtype casts the values (the
-        indices keep theirs): A.to("cuda"), A.to(torch.float16), A.to("cuda", torch.bfloat16)."""
+        indices keep theirs): A.to("cuda"), A.to(torch.float16), A.to("cuda", torch.bfloat16);
+        copy=True gives new tensors even where nothing changes, as Tensor.to(copy=True) does."""
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"a sparse weight's values take a floating dtype, got {dtype}")
-        out = self if device is None else \
-            dataclasses.replace(self, **{k: t.to(device) for k, t in self._tensors().items()})
+        tensors = self._tensors()
+        moved = {k: t.to(device or t.device, copy=copy) for k, t in tensors.items()}
+        out = self if all(moved[k] is t for k, t in tensors.items()) else dataclasses.replace(self, **moved)
         return out if dtype is None or dtype == out.values.dtype else out.with_values(out.values.to(dtype))
 
     def to_dense(self) -> torch.Tensor:

@@ -266,6 +266,10 @@ def test_to_takes_tensor_to_forms(pattern, sparsity):
         assert all(torch.equal(b, a) for b, a in zip(B.tensor_list()[1:], A.tensor_list()[1:]))
     with pytest.raises(TypeError, match="floating dtype"):
         A.to(torch.int32)
+    for B in (A.to(copy=True), A.to("cpu", copy=True), A.to(torch.float32, copy=True)):  # new memory, same pattern
+        assert torch.equal(B.to_dense(), A.to_dense())
+        assert all(b.data_ptr() != a.data_ptr() for b, a in zip(B.tensor_list(), A.tensor_list()) if a.numel())
+    assert A.to("cpu") is A  # nothing to do, no copy asked: the same object, as Tensor.to
 
 
 def test_a_numpy_sparsity_is_a_number():
