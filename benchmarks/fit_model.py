@@ -150,7 +150,7 @@ def picks(rows: list[dict], top_k: int, top_frac: float = 0.0) -> dict:
         best = min(r["seconds"] for r in ok)
         order = sorted(rs, key=lambda r: math.inf if r["predicted"] is None else r["predicted"])
         picked = fast_selection([math.inf if r["predicted"] is None else r["predicted"] for r in order],
-                                list(range(len(order))), top_k, top_frac)
+                                list(range(len(order))), top_k, top_frac, lambda i: order[i]["backend"] == "dense")
         picked += [i for i, r in enumerate(order) if r["backend"] == "dense" and i not in picked]
         chosen = [order[i] for i in picked if order[i]["seconds"] is not None]
         pick = next(r for r in order if r["seconds"] is not None)

@@ -10,7 +10,7 @@ from torch import nn
 from ..formats import format_class
 from .conv import _SparsePointwise, sparse_pointwise_class
 from .linear import _SPEC_KEY, SparseLinear, _spec_of
-from .sparsify import _convertible, _get, _plan, _shape, _swap_in
+from .sparsify import _convertible, _get, _plan, _set, _shape, _swap_in
 
 
 def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool = True):
@@ -22,9 +22,11 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
     pointwise convolutions, attention as SparseMultiheadAttention, tied weights shared again, on
     the dense layer's device and dtype, trainable as it was); then `model.load_state_dict`
     loads every tensor. Nothing is pruned and no random weight is drawn. Every sparse layer is
-    built before the model changes: one the model cannot hold there (another shape, a layer
-    sparsify would not convert) raises, as does one missing a tensor under `strict` (without it,
-    such layers stay as they are and load_state_dict's result lists their keys). A tied layer
+    built before the model changes: one the model cannot hold there (another shape, a bias where
+    the model has none or the reverse, a layer sparsify would not convert) raises, as does one
+    missing a tensor under `strict` (without it, such layers stay as they are and load_state_dict's
+    result lists their keys); if load_state_dict then fails on another layer, the model's modules
+    are put back as they were. A tied layer
     whose tensors the checkpoint left out (safetensors' save_model keeps one copy) shares the
     first's, as does any tied tensor it left out (transformers' save_pretrained drops a tied
     lm_head). Not in a state_dict, and so not restored: a pointwise convolution's fused activation
@@ -67,6 +69,11 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
             shared_bias = module.bias is not None and module.bias is first_bias
             replacements[name] = first.tied_copy(first.bias if shared_bias else module.bias)
             continue
+        if (prefix + "bias" in state) != (module.bias is not None):
+            if not strict:
+                continue
+            raise ValueError(f"load_sparse_state_dict: {name!r} has {'a' if module.bias is not None else 'no'} bias "
+                             f"in the model and {'one' if prefix + 'bias' in state else 'none'} in the checkpoint")
         absent = _absent(state, prefix)
         if absent:
             if strict:
@@ -83,9 +90,14 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
             linear.bias.requires_grad_(module.bias.requires_grad)
         made[id(weight)] = (layer, module.bias)
         replacements[name] = layer
-    _swap_in(model, attention, replacements)
+    swapped = _swap_in(model, attention, replacements)
     _fill_ties(model, state)
-    return model.load_state_dict(state, strict=strict)
+    try:
+        return model.load_state_dict(state, strict=strict)
+    except BaseException:  # another layer did not fit: the model's modules as they were
+        for name, old in reversed(swapped):
+            _set(model, name, old)
+        raise
 
 
 def _fill_ties(model, state: dict) -> None:
@@ -104,9 +116,11 @@ def _fill_ties(model, state: dict) -> None:
 
 def _planned(model, plan, holders, saved_name):
     """The plan's name of the layer a checkpoint saved under `saved_name` (a pointwise
-    convolution's is its `.linear`; an alias of a module resolves to its first name), or None."""
+    convolution's is its `.linear`, where the model has no such module; an alias of a module
+    resolves to its first name), or None."""
     parent, _, child = saved_name.rpartition(".")
-    for name in ([parent] if child == "linear" else []) + [saved_name]:
+    convolution = child == "linear" and saved_name not in plan and _module_at(model, saved_name) is None
+    for name in [parent] if convolution else [saved_name]:
         if name in plan:
             return holders.get(id(plan[name][0]), name)
         module = _module_at(model, name)

@@ -130,9 +130,10 @@ def _convertible(model, name: str, module: nn.Module, attention: dict) -> nn.Mod
     return module
 
 
-def _swap_in(model, attention: dict, replacements: dict) -> None:
+def _swap_in(model, attention: dict, replacements: dict) -> list[tuple[str, nn.Module]]:
     """Put the converted attention modules, then the new layers (name -> layer), into the model,
-    under every name a replaced module is held at; switch off the fused fast paths they break."""
+    under every name a replaced module is held at; switch off the fused fast paths they break.
+    Returns (name, module it held) for each name set, in order (what undoes it, set back reversed)."""
     aliases = [n for n, _ in model.named_modules(remove_duplicate=False) if n]  # a module held at several names
     new = {}  # id(module replaced) -> (it, kept alive while ids are compared; its replacement)
     for parent_name, attn in attention.items():  # the attention modules first, their projections next
@@ -144,11 +145,14 @@ def _swap_in(model, attention: dict, replacements: dict) -> None:
     for name, layer in replacements.items():
         old = _get(model, name)
         new[id(old)] = (old, layer)
+    done = []
     for name in aliases:  # every name of a replaced module (a shared one too) gets the replacement
         old = _get(model, name)
         if id(old) in new and new[id(old)][0] is old:
             _set(model, name, new[id(old)][1])
+            done.append((name, old))
     disable_fused_fast_paths(model)
+    return done
 
 
 def _plan(model, pattern, sparsity, filter_fn) -> dict:

@@ -78,14 +78,16 @@ def fast_count(n_candidates: int, top_k: int = TOP_K, top_frac: float = TOP_FRAC
 TIE, TIES_EXTRA = 0.005, 2
 
 
-def fast_selection(preds: list[float], order: list[int], top_k: int = TOP_K, top_frac: float = TOP_FRAC) -> list[int]:
+def fast_selection(preds: list[float], order: list[int], top_k: int = TOP_K, top_frac: float = TOP_FRAC,
+                   library=lambda i: False) -> list[int]:
     """The candidates (indices into preds, `order` their ranking by it) that fast mode measures
-    besides the libraries: the model's best fast_count, and those tied with the last of them."""
+    besides the libraries: the model's best fast_count, and the next non-library ones (library(i)
+    False; the libraries are measured anyway) tied with the last of them."""
     k = fast_count(len(order), top_k, top_frac)
     chosen = list(order[:k])
-    if 0 < k < len(order):
-        last = preds[order[k - 1]]
-        chosen += [i for i in order[k:k + TIES_EXTRA] if preds[i] <= last * (1 + TIE)]
+    if 0 < k < len(order) and math.isfinite(last := preds[order[k - 1]]):
+        rest = [i for i in order[k:] if not library(i)][:TIES_EXTRA]
+        chosen += [i for i in rest if preds[i] <= last * (1 + TIE)]
     return chosen
 
 
@@ -260,7 +262,7 @@ class Tuner:
         if self.mode == "model":
             to_measure = []
         elif self.mode == "fast":
-            chosen = fast_selection(preds, order, self.top_k, self.top_frac)
+            chosen = fast_selection(preds, order, self.top_k, self.top_frac, lambda i: cands[i].library)
             to_measure = chosen + [i for i in order if cands[i].library and i not in chosen]
         else:
             to_measure = order
@@ -452,7 +454,8 @@ def evaluate(records: Iterable[dict], top_k: int = TOP_K, library_backends: Iter
         best = min(r["seconds"] for r in valid)
         order = sorted(rows, key=_pred)
         model.append(next(r["seconds"] for r in order if r["seconds"] is not None) / best)
-        picked = fast_selection([_pred(r) for r in order], list(range(len(order))), top_k, top_frac)
+        picked = fast_selection([_pred(r) for r in order], list(range(len(order))), top_k, top_frac,
+                                lambda i: order[i]["backend"] in library)
         chosen = [order[i] for i in picked] + [r for i, r in enumerate(order) if r["backend"] in library
                                                and i not in picked]
         ran = [r["seconds"] for r in chosen if r["seconds"] is not None]

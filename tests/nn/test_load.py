@@ -208,3 +208,47 @@ def test_a_module_held_under_two_names():
     assert not result.missing_keys and not result.unexpected_keys
     assert fresh["p"] is fresh["q"] and isinstance(fresh["p"], st.SparseLinear)
     assert torch.equal(fresh["p"].weight.to_dense(), model["p"].weight.to_dense())
+
+
+def test_a_bias_the_model_and_the_checkpoint_disagree_on():
+    torch.manual_seed(15)
+    src = nn.Sequential(nn.Linear(8, 8))
+    st.sparsify(src, "csr", 0.5)
+    sd = saved(src)
+    del sd["0.bias"]
+    fresh = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="'0' has a bias in the model and none in the checkpoint"):
+        st.load_sparse_state_dict(fresh, sd)
+    with pytest.raises(ValueError, match="no bias in the model and one"):
+        st.load_sparse_state_dict(nn.Sequential(nn.Linear(8, 8, bias=False)), saved(src))
+    assert isinstance(fresh[0], nn.Linear)
+
+
+def test_a_failure_on_another_layer_leaves_the_model_as_it_was():
+    """load_state_dict refusing a dense layer (here an embedding of another size) after the sparse
+    layers were swapped in: they are swapped out again."""
+    torch.manual_seed(16)
+    src = nn.ModuleDict({"emb": nn.Embedding(100, 8), "a": nn.Linear(8, 8)})
+    st.sparsify(src, "csr", 0.5)
+    fresh = nn.ModuleDict({"emb": nn.Embedding(120, 8), "a": nn.Linear(8, 8)})
+    dense_a = fresh["a"]
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        st.load_sparse_state_dict(fresh, saved(src))
+    assert fresh["a"] is dense_a
+
+
+def test_a_linear_named_linear_inside_a_convolution():
+    """A saved name ending in `.linear` is a pointwise convolution's layer only where the model has
+    no module of that name."""
+    def build():
+        conv = nn.Conv1d(8, 8, 1)
+        conv.linear = nn.Linear(8, 8)
+        return nn.ModuleDict({"conv": conv})
+
+    torch.manual_seed(17)
+    src = build()
+    st.sparsify(src, {"conv.linear": ("csr", 0.5)})
+    fresh = build()
+    result = st.load_sparse_state_dict(fresh, saved(src))
+    assert not result.missing_keys and not result.unexpected_keys
+    assert isinstance(fresh["conv"], nn.Conv1d) and isinstance(fresh["conv"].linear, st.SparseLinear)

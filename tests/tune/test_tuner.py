@@ -11,7 +11,7 @@ from spartune.tune.db import TuningDB
 from spartune.tune.device import H100
 from spartune.tune.model import dense_gemm_seconds
 from spartune.tune.problem import KernelFeatures, Problem
-from spartune.tune.tuner import TIES_EXTRA, Candidate, Choice, Tuner, config_json, evaluate, fast_count
+from spartune.tune.tuner import TIES_EXTRA, Candidate, Choice, Tuner, config_json, evaluate, fast_count, fast_selection
 
 VERSIONS = {"torch": "2.13.0", "cuda": "13.0", "triton": "3.6.0", "spartune": "0.1.0"}
 STATS = FormatStats(rows=4096, cols=4096, nnz=419430, density=0.1, unit_rows=64, units=64, items_mean=6.4,
@@ -94,6 +94,15 @@ def test_fast_measures_the_models_ties_with_its_last_too():
     assert ("blocked", Cfg(bn=16 * 7)) not in m.calls  # a third tie: past TIES_EXTRA
     cands, m = space(measured={4: 0.5e-6})  # the fifth predicted 25% behind the fourth: not a tie
     assert tuner(m).pick(problem(), cands).config != Cfg(bn=16 * 5) and len(m.calls) == 4 + 1
+
+
+def test_ties_are_finite_kernels():
+    """An unrunnable config (predicted inf) is no tie of another, and a library, measured anyway,
+    takes no tie's place."""
+    inf = math.inf
+    assert fast_selection([1, 2, 3, inf, inf, inf], list(range(6)), top_k=4, top_frac=0) == [0, 1, 2, 3]
+    preds = [1, 2, 3, 4, 4.001, 4.002, 4.003]
+    assert fast_selection(preds, list(range(7)), top_k=4, top_frac=0, library=lambda i: i in (4, 5)) == [0, 1, 2, 3, 6]
 
 
 def test_dense_is_always_measured_and_wins_when_fastest():
