@@ -349,7 +349,7 @@ def _order(rows):
 
 def picks(rows, top_k: int) -> dict:
     """Indices picked by each mode, as evaluate() defines them."""
-    from spartune.tune.tuner import fast_selection
+    from spartune.tune.tuner import fast_measured
 
     order = _order(rows)
     ok = [i for i in range(len(rows)) if rows[i]["seconds"] is not None]
@@ -358,9 +358,7 @@ def picks(rows, top_k: int) -> dict:
     best = min(ok, key=lambda i: rows[i]["seconds"])
     model = next(i for i in order if rows[i]["seconds"] is not None)
     preds = [math.inf if r["predicted"] is None else r["predicted"] for r in rows]
-    is_dense = lambda i: rows[i]["backend"] == "dense"  # noqa: E731
-    fast_set = fast_selection(preds, order, top_k, library=is_dense)  # the Tuner's rule: a share of the space, ties
-    fast_set += [i for i in order if is_dense(i) and i not in fast_set]
+    fast_set = fast_measured(preds, order, top_k, library=lambda i: rows[i]["backend"] == "dense")  # the Tuner's rule
     fast_ok = [i for i in fast_set if rows[i]["seconds"] is not None]
     fast = min(fast_ok, key=lambda i: rows[i]["seconds"]) if fast_ok else None
     dense = next((i for i in range(len(rows)) if rows[i]["backend"] == "dense"), None)

@@ -11,7 +11,7 @@ recomputes each candidate's features with its family's CURRENT features() (the s
 stale when a features() changes; how many differ is printed) and its prediction with the
 CURRENT model.predict / model.dense_gemm_seconds on the device spec calibrated in that run, then
 prints tuner.evaluate()'s metrics: model mode (picked / best, within 15%), fast mode (the
-model's fast_selection measured plus dense, within 5%), best in the model's top k, Spearman
+model's fast_measured set, dense included, within 5%), best in the model's top k, Spearman
 rho per problem. These are offline numbers on recorded times, not a new GPU run.
 
 Two views, because of how runs timed candidates:
@@ -48,7 +48,7 @@ from spartune.tune import model
 from spartune.tune.device import DeviceSpec
 from spartune.tune.model import dense_gemm_seconds, predict
 from spartune.tune.problem import Epilogue, KernelFeatures, Problem
-from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_selection
+from spartune.tune.tuner import TOP_FRAC, TOP_K, evaluate, fast_measured
 
 TIMED = ("bench", "graph")
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "h100-2026-11-22-run6"
@@ -149,9 +149,8 @@ def picks(rows: list[dict], top_k: int, top_frac: float = 0.0) -> dict:
             continue
         best = min(r["seconds"] for r in ok)
         order = sorted(rs, key=lambda r: math.inf if r["predicted"] is None else r["predicted"])
-        picked = fast_selection([math.inf if r["predicted"] is None else r["predicted"] for r in order],
-                                list(range(len(order))), top_k, top_frac, lambda i: order[i]["backend"] == "dense")
-        picked += [i for i, r in enumerate(order) if r["backend"] == "dense" and i not in picked]
+        picked = fast_measured([math.inf if r["predicted"] is None else r["predicted"] for r in order],
+                               list(range(len(order))), top_k, top_frac, lambda i: order[i]["backend"] == "dense")
         chosen = [order[i] for i in picked if order[i]["seconds"] is not None]
         pick = next(r for r in order if r["seconds"] is not None)
         fast = min(r["seconds"] for r in chosen) if chosen else math.inf

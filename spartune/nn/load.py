@@ -4,6 +4,7 @@ pruning a random model first only to overwrite it draws and discards a whole mod
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from torch import nn
 
@@ -34,6 +35,9 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"load_sparse_state_dict: model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(state_dict, Mapping):
+        raise TypeError("load_sparse_state_dict: state_dict must map names to tensors (torch.load(path), "
+                        f"safetensors.torch.load_file(path)), got {type(state_dict).__name__}")
     saved = [k[: len(k) - len(_SPEC_KEY)] for k in state_dict if k.endswith(_SPEC_KEY)]
     saved = [p for p in saved if _is_spartune_spec(_spec_of(state_dict, p))]
     plan = _plan(model, lambda name, m: "csr", None, None)  # every layer sparsify would convert, and why not
@@ -58,9 +62,9 @@ def load_sparse_state_dict(model: nn.Module, state_dict: dict, *, strict: bool =
                 continue
             raise ValueError(f"load_sparse_state_dict: the checkpoint holds {name!r} sparse, but sparsify would not "
                              f"convert the model's layer there: {skipped}")
-        spec = _spec_of(state, prefix)
-        if tuple(json.loads(spec)["shape"]) != _shape(module):
-            raise ValueError(f"load_sparse_state_dict: {name!r} is {tuple(json.loads(spec)['shape'])} in the checkpoint "
+        shape = tuple(json.loads(_spec_of(state, prefix))["shape"])
+        if shape != _shape(module):
+            raise ValueError(f"load_sparse_state_dict: {name!r} is {shape} in the checkpoint "
                              f"and {_shape(module)} (out, in) in the model")
         module = _convertible(model, name, module, attention)
         tied = made.get(id(module.weight))

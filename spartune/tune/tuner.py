@@ -91,6 +91,15 @@ def fast_selection(preds: list[float], order: list[int], top_k: int = TOP_K, top
     return chosen
 
 
+def fast_measured(preds: list[float], order: list[int], top_k: int = TOP_K, top_frac: float = TOP_FRAC,
+                  library=lambda i: False) -> list[int]:
+    """Everything fast mode measures: fast_selection's candidates, then every library (library(i)
+    True) in the model's order. The Tuner, `evaluate` and the benchmarks' rescoring share it."""
+    chosen = fast_selection(preds, order, top_k, top_frac, library)
+    taken = set(chosen)
+    return chosen + [i for i in order if library(i) and i not in taken]
+
+
 @dataclass(frozen=True, eq=False)
 class Candidate:
     """One (backend, config) that could run the problem.
@@ -150,10 +159,10 @@ class Tuner:
     runs are the model's data). A measurer that takes `bound` gets, in fast mode, a time past
     which the candidate has lost, so it may stop at a first estimate above it (else None); a
     one-argument measurer is called as before. db=None keeps choices in memory only.
-    Fast mode measures the model's best fast_count(len(candidates), top_k, top_frac)
-    (top_frac=0: top_k), the few it predicts within TIE of the last of those, and the libraries. in_turns(candidates) -> seconds each, timed
-    in turns: the finalists of long calls are ranked by it (default: measure.in_turns with the
-    default measurer, none with a custom one).
+    Fast mode measures fast_measured's: the model's best fast_count(len(candidates), top_k,
+    top_frac) (top_frac=0: top_k), the few it predicts within TIE of the last of those, and the
+    libraries. in_turns(candidates) -> seconds each, timed in turns: the finalists of long calls
+    are ranked by it (default: measure.in_turns with the default measurer, none with a custom one).
     """
 
     def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[..., float] | None = None,
@@ -262,8 +271,7 @@ class Tuner:
         if self.mode == "model":
             to_measure = []
         elif self.mode == "fast":
-            chosen = fast_selection(preds, order, self.top_k, self.top_frac, lambda i: cands[i].library)
-            to_measure = chosen + [i for i in order if cands[i].library and i not in chosen]
+            to_measure = fast_measured(preds, order, self.top_k, self.top_frac, lambda i: cands[i].library)
         else:
             to_measure = order
         _prepare([cands[i] for i in to_measure])
@@ -436,8 +444,8 @@ def evaluate(records: Iterable[dict], top_k: int = TOP_K, library_backends: Iter
 
     records: rows with 'problem' (any hashable key), 'backend', 'seconds' (None = failed) and
     'predicted' (e.g. TuningDB.results()). Per problem, model mode picks the best-predicted
-    candidate that ran; fast mode measures what fast_selection gives (the fast_count best
-    predicted and their ties) plus the library backends, as Tuner does, and picks the fastest of those
+    candidate that ran; fast mode measures what fast_measured gives (the fast_count best
+    predicted, their ties and the library backends), as Tuner does, and picks the fastest of those
     (top_frac=0: exactly top_k). Ratios are picked time / exhaustive best (1.0 is perfect).
     'best_in_top_k' counts the exhaustive best among the model's top_k (not the scaled count).
     """
@@ -454,10 +462,8 @@ def evaluate(records: Iterable[dict], top_k: int = TOP_K, library_backends: Iter
         best = min(r["seconds"] for r in valid)
         order = sorted(rows, key=_pred)
         model.append(next(r["seconds"] for r in order if r["seconds"] is not None) / best)
-        picked = fast_selection([_pred(r) for r in order], list(range(len(order))), top_k, top_frac,
-                                lambda i: order[i]["backend"] in library)
-        chosen = [order[i] for i in picked] + [r for i, r in enumerate(order) if r["backend"] in library
-                                               and i not in picked]
+        chosen = [order[i] for i in fast_measured([_pred(r) for r in order], list(range(len(order))), top_k,
+                                                   top_frac, lambda i: order[i]["backend"] in library)]
         ran = [r["seconds"] for r in chosen if r["seconds"] is not None]
         fast.append(min(ran) / best if ran else math.inf)
         measured += len(chosen)

@@ -252,3 +252,10 @@ def test_a_linear_named_linear_inside_a_convolution():
     result = st.load_sparse_state_dict(fresh, saved(src))
     assert not result.missing_keys and not result.unexpected_keys
     assert isinstance(fresh["conv"], nn.Conv1d) and isinstance(fresh["conv"].linear, st.SparseLinear)
+
+
+def test_what_is_not_a_model_or_a_state_dict_is_refused():
+    with pytest.raises(TypeError, match="nn.Module"):
+        st.load_sparse_state_dict({}, {})
+    with pytest.raises(TypeError, match="state_dict must map names to tensors.*got str"):
+        st.load_sparse_state_dict(Net(), "pruned.pt")
