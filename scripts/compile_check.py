@@ -18,7 +18,7 @@ from spartune.kernels.cuda.compiler import SRC_DIR, program_options, read_source
 cases = [
     (K.Config(32, 8, 4, 2, stages=2), 0), (K.Config(32, 8, 4, 2, stages=3), 0),
     (K.Config(32, 16, 8, 4, stages=3, cluster_m=2), 0), (K.Config(32, 8, 16, 8, stages=3), 0),
-    (K.Config(64, 8, 4, 1, stages=3), 2), (K.Config(64, 8, 4, 1, stages=3, x_whole=True), 3),
+    (K.Config(64, 8, 4, 1, stages=3), 2), (K.Config(64, 8, 4, 1, stages=3, x_whole=True), 3), (K.Config(64, 8, 4, 1, stages=3, x_whole=True), 4),
     (K.Config(64, 64, 4, stages=2), 1),
     (K.Config(128, 256, 12, variant="wgmma", stages=4), 0),
     (K.Config(256, 128, 12, variant="wgmma", stages=4, cluster_m=2), 0),

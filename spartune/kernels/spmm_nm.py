@@ -95,12 +95,14 @@ def _warp_grid(config: Config) -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _smem_bytes(config: Config, boxes: int = 1) -> int:
+def _smem_bytes(config: Config, gather: int = 0) -> int:
     """mma: the staged x chunk, or the K parts' partial sums where larger (they share the
-    buffer); `boxes` 2 there: the ring's V:N:M, x^T rows in a k-major tile (as spmm_nm.cu).
+    buffer); the chunk's x tile as spmm_nm.cu's GATHER lays it out: token rows (0, 1), kept
+    columns' k-major rows of 8 tokens (2, 3) or one token's row (4).
     (The wgmma variant's: `_wgmma_smem_bytes`.)"""
     kc = 32 * config.ksteps * config.warps_k
-    x_tile = kc * ((config.bn // 8) | 1) * 8 * 2 if boxes == 2 else config.bn * (kc + 8) * 2
+    x_tile = kc * 2 if gather == 4 else kc * ((config.bn // 8) | 1) * 8 * 2 if gather in (2, 3) \
+        else config.bn * (kc + 8) * 2
     partial = (config.warps_k - 1) * config.bm * config.bn * 4
     if config.stages >= 3:  # each stage: the x chunk and every warp's A fragments (16 + 4 bytes a lane)
         wm, wn = _warp_grid(config)
@@ -154,7 +156,7 @@ def space(problem: Problem) -> list[Config]:
 def _mma_smem_bytes(config: Config, vnm: bool, n: int = 0, k: int = 0) -> int:
     """The mma variant's shared memory: V:N:M on the ring stages x^T rows in a k-major tile;
     x_whole adds x's rows (n tokens at most, k columns rounded up to 8) behind the ring."""
-    ring = _smem_bytes(config, 2 if vnm and mma_gather(config) >= 2 else 1)
+    ring = _smem_bytes(config, mma_gather(config, n) if vnm else 0)
     return ring + (_x_rows_bytes(config, n, k) if config.x_whole else 0)
 
 
@@ -162,10 +164,12 @@ def _x_rows_bytes(config: Config, n: int, k: int) -> int:
     return min(config.bn, n) * -(-k // 8) * 8 * 2
 
 
-def mma_gather(config: Config) -> int:
-    """The mma variant's V:N:M gather (spmm_nm.cu's GATHER): x^T rows by the cp.async ring (2),
-    x's rows staged whole for the ring (3), or x element by element (1)."""
-    return (3 if config.x_whole else 2) if config.stages >= 3 else 1
+def mma_gather(config: Config, n: int = 0) -> int:
+    """The mma variant's V:N:M gather (spmm_nm.cu's GATHER) for n tokens: x^T rows by the cp.async
+    ring (2), x's rows staged whole for the ring (3; 4 for one token), or x element by element (1)."""
+    if config.stages < 3:
+        return 1
+    return (4 if n == 1 else 3) if config.x_whole else 2
 
 
 def wgmma_boxes(config: Config, v: int) -> int:
@@ -394,6 +398,12 @@ def packed_as_24(A: VNM) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 _PACKED_KEY, _AS_24_KEY, _META_KEY = "_nm_packed", "_nm_as24_packed", "_nm_packed_meta"
 
 
+def column_offsets(A: VNM) -> torch.Tensor:
+    """The mma variant's column map: A's own kept-column offsets (uint8, (row blocks, col blocks,
+    4), each inside its M-column block), contiguous; the kernel adds the block's first column."""
+    return A.cols if A.cols.is_contiguous() else memo(A, "_nm_column_offsets", A.cols.contiguous, of_values=False)
+
+
 def column_map(A: VNM) -> torch.Tensor:
     """int32 (row blocks, Kt * 32): the column of x behind each column of the packed 2:4 matrix
     of a V:N:M weight (Kt as `packed`'s); -1 past the matrix (padding reads zero). Depends on the
@@ -473,7 +483,7 @@ def release_unused(A, configs) -> None:
             continue
         keep |= {_PACKED_KEY, _META_KEY}
         if isinstance(A, VNM):  # the gathers' column maps
-            keep |= {"_nm_column_map"} if c.variant != "wgmma" else \
+            keep |= {"_nm_column_offsets"} if c.variant != "wgmma" else \
                 {k for k in A.__dict__ if k.startswith("_nm_wgmma_map_")}
     for key in [k for k in A.__dict__ if k.startswith("_nm_") and k not in keep]:
         del A.__dict__[key]
@@ -520,13 +530,14 @@ def _kernel(config: Config, dtype: torch.dtype, device: torch.device, gather: in
 def instances(problem: Problem, config: Config) -> list:
     """The kernel a launch of `config` loads for `problem` (compiled ahead by the tuner)."""
     vnm = None if config.as_24 else _vnm(problem.fmt)
-    gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" else mma_gather(config)
+    gather = 0 if vnm is None else wgmma_boxes(config, vnm[0]) if config.variant == "wgmma" \
+        else mma_gather(config, problem.n)
     return [_instance(config, getattr(torch, problem.dtype), gather, ACTIVATION_CODES[problem.epilogue.activation],
                       problem.epilogue.residual)]
 
 
 def _instance(config: Config, dtype: torch.dtype, gather: int = 0, act: int = 0, res: bool = False):
-    """gather: 0 for 2:4; V:N:M: `mma_gather(config)` (mma), or the boxes of x per stage (wgmma).
+    """gather: 0 for 2:4; V:N:M: `mma_gather(config, n)` (mma), or the boxes of x per stage (wgmma).
     act: the activation's code, compiled into the instance (its epilogue, unrolled over every
     accumulator, then inlines one activation). res: a wgmma instance for calls with a residual
     (the copy engine loads it; the mma variant reads any residual the same way)."""
@@ -600,9 +611,9 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
         raise ValueError(f"{config}: {row_blocks} row blocks of {config.bm}, past the grid's {MAX_GRID_Y}: a larger bm")
     if config.x_whole and not (vnm and config.stages >= 3):
         raise ValueError(f"x_whole runs V:N:M on the cp.async ring (stages >= 3), got {config}")
-    gather = mma_gather(config) if vnm else 0
+    gather = mma_gather(config, N) if vnm else 0
     kernel = _kernel(config, values.dtype, x.device, gather, epilogue[-2])  # (the activation's code)
-    cols, map_rows = (column_map(A), A.v) if vnm else (NULL, 1)
+    cols, map_rows, map_pitch, m_block = (column_offsets(A), A.v, A.col_blocks * 4, A.m) if vnm else (NULL, 1, 0, 1)
     if vnm:
         K = kt * 32  # the kept columns, read through the map
     sxn, sxk = x.stride(0), x.stride(1)
@@ -610,12 +621,12 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
     in_place = False
     if gather == 2:  # rows of x^T (made by each call): its row pitch, and the tokens readable per row in sxn
         in_place, sxk, sxn = _tokens_major_pitch(x)
-    if gather == 3:  # x's rows staged by 16-byte copies where they are aligned
+    if gather >= 3:  # x's rows staged by 16-byte copies where they are aligned
         x_vec = int(sxk == 1 and (sxn % 8 == 0 or N == 1) and x.data_ptr() % 16 == 0)
     p_bias, p_res, *rest = epilogue
     grid = (-(-N // config.bn), row_blocks, 1)
     prepared = kernel.prepare(grid, (32 * config.num_warps, 1, 1), values, meta, NULL, out, p_bias, p_res, cols,
-                              map_rows, M, K, N, mt, kt, sxn, sxk, x_vec, kx, *rest,
+                              map_rows, map_pitch, m_block, M, K, N, mt, kt, sxn, sxk, x_vec, kx, *rest,
                               shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0,
                               slots=(2, 3, 4, 5))
 

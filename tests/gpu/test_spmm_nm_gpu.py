@@ -426,6 +426,31 @@ def test_vnm_odd_shapes_and_epilogue(dtype, M, Kd, N):
         assert rel(out, reference(xt, w)) <= TOL, cfg
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("v, m", [(16, 8), (64, 8), (128, 8), (64, 16), (32, 32)])
+def test_vnm_one_token_every_x_whole_config(dtype, v, m):
+    """N = 1 on x_whole (GATHER 4: each chunk's kept columns in one row, the B fragment by one
+    16-byte load): every such config of the device's space, odd shapes (K's last chunk partial,
+    rows past the last block), x contiguous and strided (staged element by element), an
+    epilogue, a graph replay; every output element written."""
+    from spartune.tune.device import device_name
+
+    M, Kd = 260, 1000
+    A = random_vnm(M, Kd, v, m, dtype, 3 * v + m)
+    w = A.to_dense()
+    prob = dataclasses.replace(problem(A, 1), device=device_name())
+    configs = [c for c in K.space(prob) if c.x_whole]
+    assert configs and all(dict(K.instances(prob, c)[0].defines)["GATHER"] == 4 for c in configs)
+    x = torch.randn(1, Kd, device="cuda", dtype=dtype)
+    x_strided = torch.randn(1, 2 * Kd, device="cuda", dtype=dtype)[:, ::2]
+    bias = torch.randn(M, device="cuda", dtype=dtype)
+    for cfg in configs:
+        assert rel(run(A, x, cfg), reference(x, w)) <= TOL, cfg
+        out = run(A, x_strided, cfg, bias=bias, activation="silu")
+        assert rel(out, reference(x_strided, w, bias=bias, activation="silu")) <= TOL, cfg
+    check_graph_replay(A, w, x, configs[-1])
+
+
 def test_vnm_through_linear_and_graph_capture():
     A = random_vnm(512, 1024, 64, 8, torch.float16, 7)
     w = A.to_dense()

@@ -167,6 +167,14 @@ def test_vnm_packing_and_column_map_rebuild_the_weight(v, m, rows, cols):
     dense.scatter_add_(1, torch.where(col < 0, cols, col), gathered)  # -1 lands in a spare column
     assert torch.equal(dense[:rows, :cols], A.to_dense().double())
     assert not dense[:, cols].any()  # nothing stored behind a padding column
+    # the mma variant's map: the format's own offsets, each column found as spmm_nm.cu's col_of does
+    offsets = K.column_offsets(A)
+    assert offsets is A.cols and offsets.dtype == torch.uint8
+    k = torch.arange(kt * 32)
+    pitch = A.col_blocks * 4
+    found = (k // 4) * m + offsets.reshape(A.row_blocks, -1).long()[:, k.clamp(max=pitch - 1)]
+    found = torch.where((k < pitch) & (found < cols), found, -1)
+    assert torch.equal(found, cmap.long())
 
 
 def test_vnm_space_keeps_tiles_inside_a_row_block():
@@ -320,13 +328,17 @@ def test_vnm_decode_takes_the_ring_with_rows_of_x_transposed():
 
 
 def test_x_whole_stages_the_tokens_rows_behind_the_ring_and_spares_the_copy():
-    """x_whole (GATHER 3): shared memory = the ring + min(bn, N) rows of K rounded up to 8 halves;
-    the model counts no x^T copy but each CTA's read of its rows; too large a K leaves it out."""
+    """x_whole (GATHER 3; 4 for one token, its chunks' kept columns in one row of 2 bytes each):
+    shared memory = the ring + min(bn, N) rows of K rounded up to 8 halves; the model counts no
+    x^T copy but each CTA's read of its rows; too large a K leaves it out."""
     A = st.sparsify_weight(torch.randn(256, 256), "64:2:8")
     cfg = K.Config(32, 8, 4, 2, 4, stages=3)
     whole = dataclasses.replace(cfg, x_whole=True)
-    assert K._mma_smem_bytes(whole, True, 1, 4100) == K._smem_bytes(cfg, 2) + 1 * 4104 * 2
-    assert K._mma_smem_bytes(whole, True, 37, 4100) == K._smem_bytes(cfg, 2) + 8 * 4104 * 2
+    assert K._mma_smem_bytes(whole, True, 1, 4100) == K._smem_bytes(cfg, 4) + 1 * 4104 * 2
+    assert K._mma_smem_bytes(whole, True, 37, 4100) == K._smem_bytes(cfg, 3) + 8 * 4104 * 2
+    kc, frags = 32 * 4 * 2, 4 * 2 // 2 * 1 * 4 * 32  # (2 warps along M, a 16-row slice each)
+    assert K._smem_bytes(cfg, 4) == 3 * (kc * 2 + frags * 20) < K._smem_bytes(cfg, 3)
+    assert [K.mma_gather(whole, n) for n in (1, 2, 8)] == [4, 3, 3]
     prob = Problem("linear", A.signature, 4096, 4100, 1, "float16", A.stats(), device="H100 sm_90")
     f, fw = K.features(prob, cfg), K.features(prob, whole)
     x_bytes = 4100 * 2
@@ -334,7 +346,9 @@ def test_x_whole_stages_the_tokens_rows_behind_the_ring_and_spares_the_copy():
     chunk_tiles = 4096 // 32 * cfg.bn * 2176 * 2  # GATHER 2: each CTA reads x^T rows of the 2052 kept columns (68 K steps: in fours)
     assert fw.l2_bytes - f.l2_bytes == 4096 // 32 * 4104 * 2 - chunk_tiles - 2 * x_bytes  # 128 CTAs read x's row
     assert (f.launches, fw.launches) == (2, 1)  # the x^T copy is a kernel of its own
-    assert whole in K.space(prob) and dict(K.instances(prob, whole)[0].defines)["GATHER"] == 3
+    assert whole in K.space(prob) and dict(K.instances(prob, whole)[0].defines)["GATHER"] == 4
+    two = dataclasses.replace(prob, n=2)
+    assert dict(K.instances(two, whole)[0].defines)["GATHER"] == 3
     wide = Problem("linear", A.signature, 4096, 60000, 16, "float16", A.stats(), device="H100 sm_90")
     assert not any(c.x_whole for c in K.space(wide))  # 8 or 16 rows of 60000 halves: past the ring's budget
     assert K.mma_gather(dataclasses.replace(whole, stages=2)) == 1  # (the launch refuses x_whole off the ring)
@@ -454,11 +468,11 @@ def test_release_keeps_exactly_what_chosen_configs_read(pattern):
     maps = []
     if pattern != "2:4":
         K.column_map(A), K.wgmma_column_map(A, 128), K.packed_as_24(A)
-        maps = ["_nm_column_map", "_nm_wgmma_map_128"]
+        maps = ["_nm_wgmma_map_128"]  # (the mma variant reads the format's own column offsets)
     K.release_unused(A, [mma, wgmma])
     assert nm() == sorted(["_nm_packed", *maps])
-    K.release_unused(A, [wgmma])
-    assert nm() == sorted(["_nm_packed", *maps[1:]])
+    K.release_unused(A, [mma])
+    assert nm() == ["_nm_packed"]
     K.release_unused(A, [])
     assert nm() == []
 

@@ -1,8 +1,9 @@
 // 2:4 SpMM on the sparse tensor cores (mma.sp m16n8k32), linear layout with the fused epilogue:
 //   out (N, M) = act(scale * x (N, K) @ A^T + bias) + residual.
 // V:N:M (VENOM) runs on the same kernel: A is then the 2:4 matrix over each row block's kept
-// columns, and `col_map` names, per block of `map_rows` rows, the column of x behind each of its
-// K columns (-1: none, reads zero), so x's chunks are gathered as they are staged.
+// columns, and `col_map` names, per block of `map_rows` rows, where in its M-column block the column
+// of x behind each of its K columns lies (none past the map or past x: zeros), so x's chunks are
+// gathered as they are staged.
 // A CTA owns BM rows of A x BN tokens; its warps split the rows in 16-row slices, the tokens in
 // 8-token slices and K in WARPS_K interleaved parts (summed through shared memory at the end:
 // decode has few row tiles, so K is where the parallelism is). K is walked in chunks of
@@ -19,6 +20,10 @@
 // that ldmatrix.trans turns into the same B fragments. GATHER 3, for a few tokens: x's rows are
 // staged whole in shared memory once per CTA (behind the ring) and each chunk's k-major tile is
 // filled from there, so no x^T copy (a second launch, at decode a fifth of the call) is needed.
+// GATHER 4, one token (N = 1): as 3, but each chunk's kept columns go into one row of the stage,
+// 2 bytes a column instead of a 16-byte k-major row of 8 tokens (7 of them zeros), ordered so that
+// lane t of token 0 reads its B fragment's four registers with one 16-byte load: filling 3's tile
+// cost 5-12% of the call (LOG, session 35).
 // CLUSTER_M > 1 (2:4 on the ring, sm_90): the CTAs of a cluster own adjacent row blocks of the same
 // tokens and share each x chunk, copied once from L2 by bulk copies multicast to all of them: with
 // small BM (decode's many CTAs) every row block otherwise re-reads all of x, 16x the weight's bytes
@@ -27,7 +32,8 @@
 //   BM, BN, WARPS, WARPS_K, KSTEPS  tile rows, tile tokens, warps per CTA, of them along K,
 //                                   32-wide K steps per warp and chunk
 //   GATHER  0 for 2:4; V:N:M: 1 (x gathered element by element through col_map), 2 (rows of
-//           x^T through col_map, PIPE only), 3 (x's rows staged whole, PIPE only)
+//           x^T through col_map, PIPE only), 3 (x's rows staged whole, PIPE only), 4 (3 for one
+//           token, BN 8)
 //   SPARTUNE_ACT  the epilogue's activation code (epilogue.cuh), fixed per instance
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
 //           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
@@ -69,7 +75,8 @@ constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
 // GATHER 2 and 3's k-major tile: rows of BN tokens at an odd number of 16-byte units, so the 8 rows
 // an ldmatrix.trans reads fall in 8 different bank groups
 constexpr int XT_STRIDE = ((BN / 8) | 1) * 8;
-constexpr int XS_BYTES = GATHER >= 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
+constexpr int XS_BYTES = GATHER == 4 ? KC * 2 : GATHER >= 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
+constexpr int XP = (KC / 2 + THREADS - 1) / THREADS;   // GATHER 4: pairs of kept columns per thread and chunk
 constexpr int XG = (BN * KC + THREADS - 1) / THREADS;  // gathered x elements per thread and chunk
 constexpr bool XG_REGS = GATHER && XG <= 16;            // prefetched into registers when few
 constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * (BM / 16 / WARPS_M) * (BN / 8 / WARPS_N) * 4 * 32 * 4;
@@ -78,7 +85,8 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #define PIPE 0
 #endif
 static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 or 3, with at least 3 stages");
-static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2 and 3 are the ring's V:N:M");
+static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2, 3 and 4 are the ring's V:N:M");
+static_assert(GATHER != 4 || BN == 8, "GATHER 4 is one token's tile");
 static_assert(CLUSTER_M == 1 || (PIPE >= 3 && GATHER == 0), "a cluster shares 2:4's x chunks on the ring");
 // a stage's A fragments (one per lane and step); the ring's warps that split a tile's tokens
 // (WARPS_N > 1) share theirs: each copies a 1 / WARPS_N share, all read them
@@ -121,12 +129,15 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 // x: (N, K) at strides (sxn, sxk) (GATHER 2: x^T, K rows at pitch sxk, tokens contiguous and sxn
 // of them readable per row, a multiple of 8; GATHER 3: x (N, kx), staged in rows of kx rounded up
 // to 8 after the ring's PIPE_BYTES); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte aligned
-// (GATHER 0: chunks then move as 16-byte vectors; 3: so do the staged rows). col_map: null (2:4), or int32
-// (row blocks, Kt * 32) for V:N:M, BM dividing map_rows. bias (M,) / residual (N, M) may be null.
+// (GATHER 0: chunks then move as 16-byte vectors; 3: so do the staged rows). col_map: null (2:4), or
+// V:N:M's kept columns as offsets inside their M-column block, one byte each (the format's own `cols`,
+// map_pitch = 4 x column blocks a row block; 4x fewer bytes than a column index: LOG, session 35),
+// BM dividing map_rows. bias (M,) / residual (N, M) may be null.
 extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     spmm_nm(const uint4* __restrict__ a_values, const unsigned* __restrict__ a_meta,
             const unsigned short* __restrict__ x, void* __restrict__ out, const void* __restrict__ bias,
-            const void* __restrict__ residual, const int* __restrict__ col_map, int map_rows, int M, int K, int N,
+            const void* __restrict__ residual, const unsigned char* __restrict__ col_map, int map_rows, int map_pitch, int m_block,
+            int M, int K, int N,
             int Mt, int Kt, int sxn, int sxk, int x_vec, int kx,
             int son, int som, int srn, int srm, int out_code, int bias_code, int res_code, int act, float scale) {
 #if PIPE
@@ -179,7 +190,12 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
   // else element by element straight into shared memory (the K tail, strided x)
   uint4 xr[XV];
   auto x_vec_ok = [&](int chunk) { return x_vec && (chunk + 1) * KC <= K; };
-  const int* cols = col_map ? col_map + (long long)(blockIdx.y * BM / map_rows) * Kt * 32 : nullptr;
+  const unsigned char* cols = col_map ? col_map + (long long)(blockIdx.y * BM / map_rows) * map_pitch : nullptr;
+  // V:N:M: the column of x behind kept column k of this row block (-1: past the map or past x)
+  auto col_of = [&](int k) -> int {
+    const int c = k < map_pitch ? (k >> 2) * m_block + cols[k] : kx;
+    return c < kx ? c : -1;
+  };
   auto load_x = [&](int chunk) {
     const int k0 = chunk * KC;
 #pragma unroll
@@ -200,7 +216,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     for (int q = 0; q < (XG_REGS ? XG : 1); ++q) {
       const int e = tid + q * THREADS;
       const int n = sxk == 1 ? e / KC : e % BN, kk = sxk == 1 ? e % KC : e / BN;
-      const int col = e < BN * KC && k0 + kk < K ? cols[k0 + kk] : -1;
+      const int col = e < BN * KC ? col_of(k0 + kk) : -1;
       xg[q] = n_cta + n < N && col >= 0 ? x[(long long)(n_cta + n) * sxn + (long long)col * sxk] : 0;
     }
   };
@@ -225,7 +241,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
       for (int e = tid; e < BN * KC; e += THREADS) {
         const int n = k_fast ? e / KC : e % BN, kk = k_fast ? e % KC : e / BN;
         unsigned short val = 0;
-        const int col = k0 + kk >= K ? -1 : cols ? cols[k0 + kk] : k0 + kk;
+        const int col = k0 + kk >= K ? -1 : cols ? col_of(k0 + kk) : k0 + kk;
         if (n_cta + n < N && col >= 0) val = x[(long long)(n_cta + n) * sxn + (long long)col * sxk];
         xs[n * XS_STRIDE + kk] = val;
       }
@@ -242,7 +258,11 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
       for (int j = 0; j < WN; ++j) {
         // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
         unsigned b[4];
-#if GATHER >= 2
+#if GATHER == 4  // lane t of token 0: registers r = 0..3 (k = 8r + 2t, +1) are the K step's words 4t..4t+3
+        uint4 q = make_uint4(0u, 0u, 0u, 0u);
+        if (lane < 4) q = *reinterpret_cast<const uint4*>(xs + ks * 32 + lane * 8);
+        b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
+#elif GATHER >= 2
         ldmatrix_x4_trans(b, xs + (ks * 32 + (lane >> 3) * 8 + (lane & 7)) * XT_STRIDE + (warp_n * WN + j) * 8);
 #else
         const int row = (warp_n * WN + j) * 8 + (lane & 7);
@@ -267,7 +287,22 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
   auto a_ok = [&](int chunk, int i, int s) {
     return mt0 + i < Mt && chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k < Kt;
   };
-#if GATHER >= 2
+#if GATHER == 4  // (pairs of columns: 8-byte loads)
+  int2 next_pair[XP];
+  auto load_cols = [&](int chunk) {
+#pragma unroll
+    for (int q = 0; q < XP; ++q) {
+      const int v = tid + q * THREADS, k = chunk * KC + 2 * v;
+      next_pair[q] = make_int2(-1, -1);
+      if (v < KC / 2 && k < map_pitch) {  // (map_pitch is a multiple of 4: k + 1 in the same block)
+        const unsigned two = *reinterpret_cast<const unsigned short*>(cols + k);
+        const int c0 = (k >> 2) * m_block + (two & 0xff), c1 = (k >> 2) * m_block + (two >> 8);
+        next_pair[q] = make_int2(c0 < kx ? c0 : -1, c1 < kx ? c1 : -1);
+      }
+    }
+  };
+  load_cols(0);
+#elif GATHER >= 2
   // the map entries of the next chunk issue() copies, loaded one chunk ahead: a load that issue()
   // waited on stalled every chunk by an L2 round trip
   int next_col[XV];
@@ -275,13 +310,13 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS, k = chunk * KC + v / (BN / 8);
-      next_col[q] = v < XVECS && k < K ? cols[k] : -1;
+      next_col[q] = v < XVECS ? col_of(k) : -1;
     }
   };
   load_cols(0);
 #endif
   const int x_rows = min(BN, N - n_cta);  // this tile's tokens
-#if GATHER == 3
+#if GATHER >= 3
   // x's rows n_cta .. n_cta + x_rows - 1, whole, behind the ring (rows of xwp halves)
   unsigned short* xw = reinterpret_cast<unsigned short*>(smem + PIPE_BYTES);
   const int xwp = (kx + 7) & ~7;
@@ -323,6 +358,17 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     for (int n = rank + CLUSTER_M * tid; n < x_rows; n += CLUSTER_M * THREADS)
       spartune::bulk_copy_multicast(xs_s + n * XS_STRIDE, x + (long long)(n_cta + n) * sxn + k0, kb * 2, &full[st],
                                     (unsigned short)((1u << CLUSTER_M) - 1));
+#elif GATHER == 4  // pair v of the chunk's kept columns: word v % 16 of its K step, at its lane's place
+#pragma unroll
+    for (int q = 0; q < XP; ++q) {
+      const int v = tid + q * THREADS, w = v % 16;
+      if (v < KC / 2) {
+        const int2 c2 = next_pair[q];
+        const unsigned h0 = c2.x >= 0 ? xw[c2.x] : 0u, h1 = c2.y >= 0 ? xw[c2.y] : 0u;
+        reinterpret_cast<unsigned*>(xs_s)[(v / 16) * 16 + (w % 4) * 4 + w / 4] = h0 | h1 << 16;
+      }
+    }
+    load_cols(chunk + 1);
 #else
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
@@ -369,12 +415,12 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
         cp_async4(am_s + frag(i, s), a_meta + at * 16 + 2 * (lane >> 2) + (lane & 1), ok ? 4 : 0);
       }
   };
-  auto issue = [&](int chunk) {  // (GATHER 3: A's copies first, then the tile's fill from shared memory)
-    if (GATHER != 3) issue_x(chunk);
+  auto issue = [&](int chunk) {  // (GATHER 3, 4: A's copies first, then the tile's fill from shared memory)
+    if (GATHER < 3) issue_x(chunk);
     issue_a(chunk);
-    if (GATHER == 3) issue_x(chunk);
+    if (GATHER >= 3) issue_x(chunk);
   };
-#if GATHER == 3
+#if GATHER >= 3
   // x's rows first (the oldest group), the first chunks' A behind them; the chunks' x tiles are
   // filled once the rows have landed
   stage_xw();
