@@ -191,11 +191,16 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
   uint4 xr[XV];
   auto x_vec_ok = [&](int chunk) { return x_vec && (chunk + 1) * KC <= K; };
   const unsigned char* cols = col_map ? col_map + (long long)(blockIdx.y * BM / map_rows) * map_pitch : nullptr;
-  // V:N:M: the column of x behind kept column k of this row block (-1: past the map or past x)
-  auto col_of = [&](int k) -> int {
-    const int c = k < map_pitch ? (k >> 2) * m_block + cols[k] : kx;
-    return c < kx ? c : -1;
+  // V:N:M: the column of x behind kept column k of this row block, from k's offset inside its
+  // M-column block (-1: none, past the map or past x). The ring loads the offsets a chunk ahead and
+  // adds only when it uses them: adding at the load made every chunk wait for its round trip
+  // (+2-5 us at decode: LOG, session 35).
+  auto offset_of = [&](int k) -> int { return k < map_pitch ? cols[k] : -1; };
+  auto col_at = [&](int k, int off) -> int {
+    const int c = (k >> 2) * m_block + off;
+    return off >= 0 && c < kx ? c : -1;
   };
+  auto col_of = [&](int k) -> int { return col_at(k, offset_of(k)); };
   auto load_x = [&](int chunk) {
     const int k0 = chunk * KC;
 #pragma unroll
@@ -287,30 +292,26 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
   auto a_ok = [&](int chunk, int i, int s) {
     return mt0 + i < Mt && chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k < Kt;
   };
-#if GATHER == 4  // (pairs of columns: 8-byte loads)
-  int2 next_pair[XP];
+#if GATHER == 4  // (pairs of offsets: 2-byte loads)
+  unsigned next_two[XP];  // the offsets of kept columns 2v, 2v + 1 (all ones: none)
   auto load_cols = [&](int chunk) {
 #pragma unroll
     for (int q = 0; q < XP; ++q) {
       const int v = tid + q * THREADS, k = chunk * KC + 2 * v;
-      next_pair[q] = make_int2(-1, -1);
-      if (v < KC / 2 && k < map_pitch) {  // (map_pitch is a multiple of 4: k + 1 in the same block)
-        const unsigned two = *reinterpret_cast<const unsigned short*>(cols + k);
-        const int c0 = (k >> 2) * m_block + (two & 0xff), c1 = (k >> 2) * m_block + (two >> 8);
-        next_pair[q] = make_int2(c0 < kx ? c0 : -1, c1 < kx ? c1 : -1);
-      }
+      // (map_pitch is a multiple of 4: k + 1 is in k's block)
+      next_two[q] = v < KC / 2 && k < map_pitch ? *reinterpret_cast<const unsigned short*>(cols + k) : ~0u;
     }
   };
   load_cols(0);
 #elif GATHER >= 2
   // the map entries of the next chunk issue() copies, loaded one chunk ahead: a load that issue()
   // waited on stalled every chunk by an L2 round trip
-  int next_col[XV];
+  int next_off[XV];
   auto load_cols = [&](int chunk) {
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS, k = chunk * KC + v / (BN / 8);
-      next_col[q] = v < XVECS ? col_of(k) : -1;
+      next_off[q] = v < XVECS ? offset_of(k) : -1;
     }
   };
   load_cols(0);
@@ -363,8 +364,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     for (int q = 0; q < XP; ++q) {
       const int v = tid + q * THREADS, w = v % 16;
       if (v < KC / 2) {
-        const int2 c2 = next_pair[q];
-        const unsigned h0 = c2.x >= 0 ? xw[c2.x] : 0u, h1 = c2.y >= 0 ? xw[c2.y] : 0u;
+        const unsigned two = next_two[q];
+        const int k = chunk * KC + 2 * v;
+        const int c0 = two == ~0u ? -1 : col_at(k, two & 0xff), c1 = two == ~0u ? -1 : col_at(k, two >> 8);
+        const unsigned h0 = c0 >= 0 ? xw[c0] : 0u, h1 = c1 >= 0 ? xw[c1] : 0u;
         reinterpret_cast<unsigned*>(xs_s)[(v / 16) * 16 + (w % 4) * 4 + w / 4] = h0 | h1 << 16;
       }
     }
@@ -376,7 +379,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
       if (v < XVECS) {
 #if GATHER >= 2  // kept column k0 + kk of the block, 8 tokens (padding: column -1, zeros)
         const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
-        const int col = next_col[q];
+        const int col = col_at(chunk * KC + kk, next_off[q]);
 #endif
 #if GATHER == 2  // from its x^T row
         const bool in = col >= 0 && n_cta + t8 < sxn;
