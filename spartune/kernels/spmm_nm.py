@@ -169,7 +169,7 @@ def mma_gather(config: Config, n: int = 0) -> int:
     ring (2), x's rows staged whole for the ring (3; 4 for one token), or x element by element (1)."""
     if config.stages < 3:
         return 1
-    return (4 if n == 1 else 3) if config.x_whole else 2
+    return (4 if n == 1 and config.bn == 8 else 3) if config.x_whole else 2
 
 
 def wgmma_boxes(config: Config, v: int) -> int:
@@ -400,8 +400,12 @@ _PACKED_KEY, _AS_24_KEY, _META_KEY = "_nm_packed", "_nm_as24_packed", "_nm_packe
 
 def column_offsets(A: VNM) -> torch.Tensor:
     """The mma variant's column map: A's own kept-column offsets (uint8, (row blocks, col blocks,
-    4), each inside its M-column block), contiguous; the kernel adds the block's first column."""
-    return A.cols if A.cols.is_contiguous() else memo(A, "_nm_column_offsets", A.cols.contiguous, of_values=False)
+    4), each inside its M-column block); the kernel adds the block's first column. Contiguous and
+    at an even address (GATHER 4 reads two offsets at once), else a copy."""
+    if A.cols.is_contiguous() and A.cols.data_ptr() % 2 == 0:
+        return A.cols
+    return memo(A, "_nm_column_offsets", lambda: A.cols.clone(memory_format=torch.contiguous_format),
+                of_values=False)
 
 
 def column_map(A: VNM) -> torch.Tensor:

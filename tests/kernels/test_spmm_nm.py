@@ -170,6 +170,10 @@ def test_vnm_packing_and_column_map_rebuild_the_weight(v, m, rows, cols):
     # the mma variant's map: the format's own offsets, each column found as spmm_nm.cu's col_of does
     offsets = K.column_offsets(A)
     assert offsets is A.cols and offsets.dtype == torch.uint8
+    odd = torch.empty(A.cols.numel() + 1, dtype=torch.uint8)[1:].view_as(A.cols).copy_(A.cols)
+    B = dataclasses.replace(A, cols=odd)  # offsets at an odd address: a copy (GATHER 4 loads two at once)
+    assert B.cols.data_ptr() % 2 == 1 and K.column_offsets(B) is not odd
+    assert K.column_offsets(B).data_ptr() % 2 == 0 and torch.equal(K.column_offsets(B), A.cols)
     k = torch.arange(kt * 32)
     pitch = A.col_blocks * 4
     found = (k // 4) * m + offsets.reshape(A.row_blocks, -1).long()[:, k.clamp(max=pitch - 1)]
@@ -339,6 +343,7 @@ def test_x_whole_stages_the_tokens_rows_behind_the_ring_and_spares_the_copy():
     kc, frags = 32 * 4 * 2, 4 * 2 // 2 * 1 * 4 * 32  # (2 warps along M, a 16-row slice each)
     assert K._smem_bytes(cfg, 4) == 3 * (kc * 2 + frags * 20) < K._smem_bytes(cfg, 3)
     assert [K.mma_gather(whole, n) for n in (1, 2, 8)] == [4, 3, 3]
+    assert K.mma_gather(dataclasses.replace(whole, bn=16), 1) == 3  # (GATHER 4 is an 8-token tile's)
     prob = Problem("linear", A.signature, 4096, 4100, 1, "float16", A.stats(), device="H100 sm_90")
     f, fw = K.features(prob, cfg), K.features(prob, whole)
     x_bytes = 4100 * 2

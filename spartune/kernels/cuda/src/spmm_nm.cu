@@ -70,7 +70,7 @@ constexpr int THREADS = WARPS * 32;
 constexpr int XVECS = BN * KC / 8;                     // 16-byte vectors of a chunk's x tile
 constexpr int XV = (XVECS + THREADS - 1) / THREADS;    // of them per thread
 #ifndef GATHER
-#define GATHER 0  // 1, 2, 3: V:N:M, x read through col_map
+#define GATHER 0  // 1, 2, 3, 4: V:N:M, x read through col_map
 #endif
 // GATHER 2 and 3's k-major tile: rows of BN tokens at an odd number of 16-byte units, so the 8 rows
 // an ldmatrix.trans reads fall in 8 different bank groups
@@ -84,7 +84,7 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #ifndef PIPE
 #define PIPE 0
 #endif
-static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2 or 3, with at least 3 stages");
+static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2, 3 or 4, with at least 3 stages");
 static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2, 3 and 4 are the ring's V:N:M");
 static_assert(GATHER != 4 || BN == 8, "GATHER 4 is one token's tile");
 static_assert(CLUSTER_M == 1 || (PIPE >= 3 && GATHER == 0), "a cluster shares 2:4's x chunks on the ring");
@@ -127,9 +127,9 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned sho
 // a_values: (Mt, Kt) units of 512 bytes, each (8-row half, K core matrix, row, 8 halves); a_meta:
 // (Mt, Kt, 16) words, those of lanes 4g and 4g + 1 (selector 0 reads no other lane's).
 // x: (N, K) at strides (sxn, sxk) (GATHER 2: x^T, K rows at pitch sxk, tokens contiguous and sxn
-// of them readable per row, a multiple of 8; GATHER 3: x (N, kx), staged in rows of kx rounded up
-// to 8 after the ring's PIPE_BYTES); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte aligned
-// (GATHER 0: chunks then move as 16-byte vectors; 3: so do the staged rows). col_map: null (2:4), or
+// of them readable per row, a multiple of 8; GATHER 3, 4: x (N, kx), staged in rows of kx rounded
+// up to 8 after the ring's PIPE_BYTES); x_vec: 1 when sxk == 1, sxn % 8 == 0 and x is 16-byte aligned
+// (GATHER 0: chunks then move as 16-byte vectors; 3, 4: so do the staged rows). col_map: null (2:4), or
 // V:N:M's kept columns as offsets inside their M-column block, one byte each (the format's own `cols`,
 // map_pitch = 4 x column blocks a row block; 4x fewer bytes than a column index: LOG, session 35),
 // BM dividing map_rows. bias (M,) / residual (N, M) may be null.
@@ -284,7 +284,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 
   const int chunks = (Kt + KSTEPS * WARPS_K - 1) / (KSTEPS * WARPS_K);
 #if PIPE
-  // stage st: [x chunk (BN rows of XS_STRIDE halves; GATHER 2, 3: KC rows of XT_STRIDE)][A values:
+  // stage st: [x chunk (BN rows of XS_STRIDE halves; GATHER 2, 3: KC rows of XT_STRIDE; 4: KC halves)][A values:
   // A_FRAGS uint4][metadata: A_FRAGS words],
   // the fragments of each (warp_k, warp_m) at ((warp_k, warp_m), i, s, lane)
   auto stage_base = [&](int st) { return smem + st * STAGE_BYTES; };
