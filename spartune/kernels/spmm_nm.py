@@ -154,8 +154,8 @@ def space(problem: Problem) -> list[Config]:
 
 
 def _mma_smem_bytes(config: Config, vnm: bool, n: int = 0, k: int = 0) -> int:
-    """The mma variant's shared memory: V:N:M on the ring stages x^T rows in a k-major tile;
-    x_whole adds x's rows (n tokens at most, k columns rounded up to 8) behind the ring."""
+    """The mma variant's shared memory for n tokens: the ring's x tile as `mma_gather` lays it out
+    (V:N:M), and with x_whole x's rows (n tokens at most, k columns rounded up to 8) behind it."""
     ring = _smem_bytes(config, mma_gather(config, n) if vnm else 0)
     return ring + (_x_rows_bytes(config, n, k) if config.x_whole else 0)
 

@@ -366,7 +366,8 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
       if (v < KC / 2) {
         const unsigned two = next_two[q];
         const int k = chunk * KC + 2 * v;
-        const int c0 = two == ~0u ? -1 : col_at(k, two & 0xff), c1 = two == ~0u ? -1 : col_at(k, two >> 8);
+        const bool none = two == ~0u;
+        const int c0 = none ? -1 : col_at(k, two & 0xff), c1 = none ? -1 : col_at(k, two >> 8);
         const unsigned h0 = c0 >= 0 ? xw[c0] : 0u, h1 = c1 >= 0 ? xw[c1] : 0u;
         reinterpret_cast<unsigned*>(xs_s)[(v / 16) * 16 + (w % 4) * 4 + w / 4] = h0 | h1 << 16;
       }
