@@ -205,9 +205,16 @@ def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0,
     """(ours, library): every way to compute `out` = linear(x, A, ...), as {family: run(config)}
     for our kernel families and {name: run()} for the library backends."""
     args = (A, x, out, bias, activation, residual, scale, prologue)
-    ours = {f: (lambda cfg, f=f: launcher(A, f.name, cfg)(*args))
-            for f in registry.families("linear", A) if f.available(A.device)}
-    library = {name: (lambda name=name: launcher(A, name, None)(*args)) for name in _libraries(A)}
+    launchers: dict = {}  # one per (backend, config): a CUDA family binds once, not on every timed call
+
+    def run(name, cfg):
+        launch = launchers.get((name, cfg))
+        if launch is None:
+            launch = launchers[name, cfg] = launcher(A, name, cfg)
+        return launch(*args)
+
+    ours = {f: (lambda cfg, f=f: run(f.name, cfg)) for f in registry.families("linear", A) if f.available(A.device)}
+    library = {name: (lambda name=name: run(name, None)) for name in _libraries(A)}
     return ours, library
 
 

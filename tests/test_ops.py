@@ -542,6 +542,33 @@ def test_a_cuda_familys_tuned_call_is_bound_once_per_layout():
     assert ref_A() is None  # the launcher (held by the weight's dispatch state) does not keep it alive
 
 
+def test_the_tuners_runs_bind_each_config_once(monkeypatch):
+    """The tuner times each candidate's run many times: a CUDA family's run must bind once per
+    config, not on every call (a bind's host time, hundreds of us, made fast candidates time as
+    slow ones: LOG, session 36)."""
+    from types import SimpleNamespace
+
+    from spartune.kernels import registry
+
+    A = make_format("csr")
+    counted = BindingFamily()
+    class Counted(SimpleNamespace):  # (hashable, as a registry's Family)
+        __hash__ = object.__hash__
+
+    family = Counted(name="counted", bind=counted.bind, launch=counted.launch, prologue=False,
+                     available=lambda device: True)
+    monkeypatch.setattr(registry, "families", lambda op, A: (family,))
+    monkeypatch.setattr(registry, "by_name", lambda name: family if name == "counted" else None)
+    x, out = torch.randn(5, K, generator=_gen(22)), torch.empty(5, M)
+    ours, library = dispatch.linear_runs(A, x, out)
+    for config in ("a", "a", "a", "b", "b", "a"):
+        ours[family](config)
+        check_close(out, ref.linear(x, A, None, None, None, 1.0), torch.float32)
+    assert len(counted.binds) == 2 and counted.launches == 0
+    library["dense"]()
+    check_close(out, ref.linear(x, A, None, None, None, 1.0), torch.float32)
+
+
 def test_a_weights_bound_calls_are_dropped_together_when_its_values_change():
     """Each bound call holds the packed layouts of the values it was bound with: once they change
     in place, the first call of any of the weight's launchers drops them all, not only its own."""
