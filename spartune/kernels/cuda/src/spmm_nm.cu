@@ -311,11 +311,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #pragma unroll
     for (int q = 0; q < XV; ++q) {
       const int v = tid + q * THREADS, k = chunk * KC + v / (BN / 8);
-#if defined(ABLATE) && ABLATE >= 2
-      next_off[q] = v < XVECS ? k & 7 : -1;
-#else
       next_off[q] = v < XVECS ? offset_of(k) : -1;
-#endif
     }
   };
   load_cols(0);
@@ -386,9 +382,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
         const int kk = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
         const int col = col_at(chunk * KC + kk, next_off[q]);
 #endif
-#if GATHER == 2 && defined(ABLATE)  // probe: no x copies (wrong results, time only)
-        if (col == -12345) cp_async16(xs_s + kk * XT_STRIDE + t8, x, 16);
-#elif GATHER == 2  // from its x^T row
+#if GATHER == 2  // from its x^T row
         const bool in = col >= 0 && n_cta + t8 < sxn;
         cp_async16(xs_s + kk * XT_STRIDE + t8, in ? x + (long long)col * sxk + n_cta + t8 : x, in ? 16 : 0);
 #elif GATHER == 3  // from the staged rows (zeros past them)
