@@ -255,11 +255,10 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 
   // chunk c's K steps on the staged x chunk `xs`, this warp's A fragments in registers
   auto multiply = [&](int c, const uint4 (&cur_v)[WM][KSTEPS], const unsigned (&cur_m)[WM][KSTEPS]) {
-    const bool whole = (c + 1) * KSTEPS * WARPS_K <= Kt;  // (only the last chunk checks its K steps)
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
       const int ks = s * WARPS_K + warp_k;  // K step inside the chunk
-      if (!whole && c * KSTEPS * WARPS_K + ks >= Kt) break;
+      if (c * KSTEPS * WARPS_K + ks >= Kt) break;
 #pragma unroll
       for (int j = 0; j < WN; ++j) {
         // B fragment of token slice j: reg r = token g, k = 8r + 2t, +1 (ldmatrix's layout)
@@ -405,44 +404,15 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #endif
 #endif  // CLUSTER_M
   };
-  // this lane's copies of A at chunk 0, K step 0 (rows past Mt read row tile 0's units and copy 0
-  // bytes): a whole chunk moves them by one add and each K step by an immediate offset, where the
-  // per-copy 64-bit address math and bounds checks were ~95 of the loop's ~270 instructions a
-  // chunk (LOG, session 36); only the K tail's chunk checks each copy
-  const uint4* a_src[WM];
-  const unsigned* m_src[WM];
-  bool row_ok[WM];
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-    row_ok[i] = mt0 + i < Mt;
-    const long long at = row_ok[i] ? unit(mt0 + i, warp_k) : warp_k;
-    a_src[i] = a_values + at * 32 + lane;
-    m_src[i] = a_meta + at * 16 + 2 * (lane >> 2) + (lane & 1);
-  }
   auto issue_a = [&](int chunk) {
     unsigned char* base = stage_base(chunk % PIPE);
     uint4* av_s = reinterpret_cast<uint4*>(base + XS_BYTES);
     unsigned* am_s = reinterpret_cast<unsigned*>(base + XS_BYTES + A_FRAGS * 16);
-    const int kt0 = chunk * KSTEPS * WARPS_K;  // the chunk's first K step
-    if (kt0 + KSTEPS * WARPS_K <= Kt) {
-#pragma unroll
-      for (int i = 0; i < WM; ++i) {
-        const uint4* src = a_src[i] + kt0 * 32;
-        const unsigned* msrc = m_src[i] + kt0 * 16;
-#pragma unroll
-        for (int s = 0; s < KSTEPS; ++s) {
-          if ((i * KSTEPS + s) % WARPS_N != warp_n) continue;  // a token warp's share
-          cp_async16(av_s + frag(i, s), src + s * WARPS_K * 32, row_ok[i] ? 16 : 0);
-          cp_async4(am_s + frag(i, s), msrc + s * WARPS_K * 16, row_ok[i] ? 4 : 0);
-        }
-      }
-      return;
-    }
 #pragma unroll
     for (int i = 0; i < WM; ++i)
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
-        if ((i * KSTEPS + s) % WARPS_N != warp_n) continue;
+        if ((i * KSTEPS + s) % WARPS_N != warp_n) continue;  // a token warp's share
         const bool ok = a_ok(chunk, i, s);
         const long long at = ok ? unit(mt0 + i, chunk * KSTEPS * WARPS_K + s * WARPS_K + warp_k) : 0;
         cp_async16(av_s + frag(i, s), a_values + at * 32 + lane, ok ? 16 : 0);
@@ -496,7 +466,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     const unsigned* am_s = reinterpret_cast<const unsigned*>(base + XS_BYTES + A_FRAGS * 16);
     uint4 cur_v[WM][KSTEPS];
     unsigned cur_m[WM][KSTEPS];
-    const bool whole = (c + 1) * KSTEPS * WARPS_K <= Kt;
     // ldmatrix's four 8 x 8 matrices of a unit: (rows 0-7, 8-15) x (columns 0-7, 8-15) are a0..a3
     const int a_row = (lane >> 3 & 1) * 128 + (lane >> 4) * 64 + (lane & 7) * 8;  // halves into the unit
 #pragma unroll
@@ -506,8 +475,7 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
         unsigned a[4];
         ldmatrix_x4(a, reinterpret_cast<const unsigned short*>(av_s + frag(i, s) - lane) + a_row);
         cur_v[i][s] = make_uint4(a[0], a[1], a[2], a[3]);
-        cur_m[i][s] = row_ok[i] && (whole || a_ok(c, i, s)) ? am_s[frag(i, s)]
-                                                            : 0x44444444u;  // zero values: any valid metadata
+        cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
       }
     multiply(c, cur_v, cur_m);
 #if CLUSTER_M > 1
