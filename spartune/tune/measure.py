@@ -17,8 +17,10 @@ REPLAY_EVICTS_L2 = True  # graph replays start from an evicted L2, as do_bench's
 # How times are taken, part of every tuning-DB key: entries timed another way (the warm replays,
 # then cold ones as two separate medians, chosen before the CSR ell path existed; v1 timed
 # cuSPARSELt inside a capture, without the copy of x its own graph replay costs; v2 ranked long
-# calls by separate timings, before the tuner's finalists were timed in turns) are not reused.
-MEASURER = "cold-replay-paired-v3" if REPLAY_EVICTS_L2 else "warm-replay"
+# calls by separate timings, before the tuner's finalists were timed in turns; v3 timed a CUDA
+# family's candidates with their launch bound again on every call, so host time could cut fast
+# ones: LOG, session 36) are not reused.
+MEASURER = "cold-replay-paired-v4" if REPLAY_EVICTS_L2 else "warm-replay"
 
 
 def rotating(fn: Callable, arg_sets: Sequence[tuple]) -> Callable[[], object]:
