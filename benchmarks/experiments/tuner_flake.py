@@ -1,4 +1,5 @@
-"""The tuner's timings of 64:2:8 7B down N = 16 (fresh weight each trial), with what
+"""(session 36: after the bind fix, the first candidate timed still measured 223-284 us where the
+rest ran 22-36: this prints which it is.) The tuner's timings of 64:2:8 7B down N = 16 (fresh weight each trial), with what
 time_callable saw inside: do_bench's eager time, the cold replay, the bound's single calls."""
 import sys
 
@@ -34,6 +35,17 @@ def tc(fn, **kw):
 
 
 triton.testing.do_bench, measure.cold_replay, measure.time_callable = do_bench, cold, tc
+from spartune.tune import tuner as T  # noqa: E402
+
+_measure = T.Tuner._measure
+
+
+def measure_named(self, c, cfg, predicted, bound=None):
+    print(f" {c.backend} {c.config} predicted {predicted * 1e6:.1f} us", flush=True)
+    return _measure(self, c, cfg, predicted, bound)
+
+
+T.Tuner._measure = measure_named
 M, Kd, N = 4096, 11008, 16
 for trial in range(int(sys.argv[1]) if len(sys.argv) > 1 else 4):
     print(f"trial {trial}", flush=True)

@@ -228,7 +228,11 @@ def _mma_space(problem: Problem, gather: bool = False) -> list[Config]:
                 # (it copies x in 16-byte rows: the linear layout with K % 8 == 0; V:N:M, rows
                 # of x^T, any layout)
                 ring = bn <= 16 and (gather or problem.layout == "linear" and problem.k % 8 == 0)
-                for stages in (2, 3) if ring else (2,):
+                # V:N:M where the ring runs: the ring only. Off it x is gathered element by element
+                # (GATHER 1), which the model does not see: a 16-token such config, predicted at the
+                # top, timed 220-280 us against the ring's 22-36 (7B down, N = 16), and at N = 8-16
+                # they took 1-4 of fast mode's ~6 slots (LOG, session 36)
+                for stages in ((3,) if gather else (2, 3)) if ring else (2,):
                     cfg = Config(bm, bn, warps, warps_k, ksteps, stages=stages)
                     # V:N:M in the linear layout: the ring also with x's rows whole (no x^T copy)
                     whole = (False, True) if gather and stages == 3 and problem.layout == "linear" else (False,)

@@ -150,6 +150,21 @@ def test_wgmma_space_is_hopper_only():
         assert all(c.stages == 2 for c in K.space(spmm))
 
 
+def test_vnm_decode_tiles_run_on_the_ring_only():
+    """Off the ring a V:N:M tile gathers x element by element (GATHER 1), ~10x slower at 16 tokens
+    than the ring where both run, which the model does not see: the space offers it only for tiles
+    wider than the ring's 16 tokens."""
+    hopper = "NVIDIA H100 80GB HBM3 sm_90"
+    for layout in ("linear", "spmm"):
+        for n in (1, 8, 16, 32):
+            p = Problem("linear", "64:2:8", 4096, 11008, n, "float16", problem(64, 64, 1).stats, device=hopper,
+                        layout=layout)
+            mma = [c for c in K.space(p) if c.variant == "mma"]
+            assert mma and all(c.stages == 3 for c in mma if c.bn <= 16)
+            assert all(K.mma_gather(c, n) >= 2 for c in mma if c.bn <= 16)
+            assert (n == 32) == any(c.stages == 2 for c in mma)  # (32-token tiles: element by element)
+
+
 # ---- V:N:M on the same kernel: the 2:4 matrix over the kept columns, x gathered through a map ----
 
 @pytest.mark.parametrize("v, m", [(16, 8), (32, 16), (64, 8), (128, 32), (16, 4)])
