@@ -470,8 +470,7 @@ def host_overhead(spec: Spec, spec_device, device, tmp: Path, calls: int = 1000,
     import torch
 
     import spartune as st
-    from spartune import backends
-    from spartune.kernels import registry
+    from spartune import dispatch
     from spartune.tune.db import TuningDB
 
     gen = torch.Generator(device=device).manual_seed(777)
@@ -482,9 +481,10 @@ def host_overhead(spec: Spec, spec_device, device, tmp: Path, calls: int = 1000,
     st.linear(x, A)  # tune (fast) and store
     choice = next(iter(tuner._memo.values()))
     out = torch.empty(spec.n, spec.m, device=device, dtype=torch.float16)
-    family = registry.by_name(choice.backend)
-    raw = (lambda: family.launch(A, x, out, choice.config)) if family is not None else (
-        lambda: backends.library_backends(A)[choice.backend](A, x, out))
+    # the chosen backend's launch bound once, as dispatch keeps it (an unbound CUDA launch would
+    # bind on every call: ~100 us of host time that is neither the kernel's nor the dispatch's)
+    launch = dispatch.launcher(A, choice.backend, choice.config)
+    raw = lambda: launch(A, x, out, None, None, None, 1.0)  # noqa: E731
     op = lambda: st.linear(x, A)  # noqa: E731
 
     def host(fn):
