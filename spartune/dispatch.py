@@ -205,16 +205,12 @@ def linear_runs(A, x, out, bias=None, activation=None, residual=None, scale=1.0,
     """(ours, library): every way to compute `out` = linear(x, A, ...), as {family: run(config)}
     for our kernel families and {name: run()} for the library backends."""
     args = (A, x, out, bias, activation, residual, scale, prologue)
-    launchers: dict = {}  # one per (backend, config): a CUDA family binds once, not on every timed call
-
-    def run(name, cfg):
-        launch = launchers.get((name, cfg))
-        if launch is None:
-            launch = launchers[name, cfg] = launcher(A, name, cfg)
-        return launch(*args)
-
-    ours = {f: (lambda cfg, f=f: run(f.name, cfg)) for f in registry.families("linear", A) if f.available(A.device)}
-    library = {name: (lambda name=name: run(name, None)) for name in _libraries(A)}
+    # one launcher per (backend, config) for the tuning's life: a CUDA family binds once, not on
+    # every timed call (LOG, session 36)
+    bound = functools.cache(lambda name, cfg: launcher(A, name, cfg))
+    ours = {f: (lambda cfg, f=f: bound(f.name, cfg)(*args))
+            for f in registry.families("linear", A) if f.available(A.device)}
+    library = {name: (lambda name=name: bound(name, None)(*args)) for name in _libraries(A)}
     return ours, library
 
 
