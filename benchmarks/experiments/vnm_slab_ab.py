@@ -1,18 +1,16 @@
 """V:N:M decode at 8-16 tokens: GATHER 2 (kept columns' x^T rows copied one by one through the map)
-against the SLAB probe (benchmarks/experiments/spmm_nm_slab.cu: each stage holds the x^T rows of the
+against the SLAB probe (spmm_nm.cu with EDITS below applied: each stage holds the x^T rows of the
 chunk's whole M-column blocks, copied with no offsets, and ldmatrix.trans reads each lane's kept row;
 LOG, session 36, lead 2). Timed in turns by cold replay; each output checked against the float64
 reference and the other's.
     python benchmarks/experiments/vnm_slab_ab.py            # the GPU A/B
     python benchmarks/experiments/vnm_slab_ab.py --compile  # NVRTC only (CPU: see scripts/compile_check.py)
-The probe copies its kernel into the package's src/ while it runs (removed at exit)."""
+The probe writes its kernel into the package's src/ while it runs (removed at exit)."""
 import atexit
 import json
 import os
-import shutil
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
@@ -20,9 +18,119 @@ from spartune.kernels import cuda
 from spartune.kernels import spmm_nm as K
 from spartune.kernels.cuda import compiler as CC
 
-HERE = Path(__file__).parent
+# spmm_nm.cu's text -> the SLAB variant: (anchor, replacement) pairs, each anchor found once
+EDITS = [
+    ('''constexpr int XT_STRIDE = ((BN / 8) | 1) * 8;
+''',
+     '''constexpr int XT_STRIDE = ((BN / 8) | 1) * 8;
+// SLAB (probe, GATHER 2 only): each stage holds the x^T rows of the chunk's whole M-column blocks (MB
+// columns a block, 4 kept), copied as contiguous rows with no offsets, plus one zero row; the B
+// fragments are read by ldmatrix.trans at each lane's kept row (LOG, session 36)
+#ifndef SLAB
+#define SLAB 0
+#endif
+#if SLAB
+#ifndef MB
+#error "SLAB needs MB, the V:N:M block's columns"
+#endif
+constexpr int SLAB_ROWS = KC / 4 * MB;
+static_assert(GATHER == 2, "SLAB stages GATHER 2's x^T rows");
+constexpr int XS_BYTES = (SLAB_ROWS + 1) * XT_STRIDE * 2;
+#else
+'''),
+    ('''constexpr int XS_BYTES = GATHER == 4 ? KC * 2 : GATHER >= 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
+''',
+     '''constexpr int XS_BYTES = GATHER == 4 ? KC * 2 : GATHER >= 2 ? KC * XT_STRIDE * 2 : BN * XS_STRIDE * 2;
+#endif
+'''),
+    ('''        xs[n * XS_STRIDE + kk] = val;
+      }
+    }
+  };
+
+''',
+     '''        xs[n * XS_STRIDE + kk] = val;
+      }
+    }
+  };
+
+#if SLAB
+  int cur_off[KSTEPS], nxt_off[KSTEPS];  // this lane's kept columns' offsets, chunk c and c + 1
+#endif
+'''),
+    ('''        b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
+''',
+     '''        b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
+#elif SLAB  // lane l: kept column ks * 32 + l of the chunk, at its M-block's rows (none: the zero row)
+        const int off = cur_off[s];
+        const int row = off >= 0 ? ((ks * 32 + lane) >> 2) * MB + off : SLAB_ROWS;
+        ldmatrix_x4_trans(b, xs + row * XT_STRIDE + (warp_n * WN + j) * 8);
+'''),
+    ('''      next_two[q] = v < KC / 2 && k < map_pitch ? *reinterpret_cast<const unsigned short*>(cols + k) : ~0u;
+    }
+  };
+  load_cols(0);
+''',
+     '''      next_two[q] = v < KC / 2 && k < map_pitch ? *reinterpret_cast<const unsigned short*>(cols + k) : ~0u;
+    }
+  };
+  load_cols(0);
+#elif SLAB
+  auto load_lane_offs = [&](int chunk) {
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) nxt_off[s] = offset_of(chunk * KC + (s * WARPS_K + warp_k) * 32 + lane);
+  };
+  load_lane_offs(0);
+  {  // the zero row of every stage (cp.async never writes it; the loop's first barrier orders it)
+    for (int e = tid; e < PIPE * XT_STRIDE; e += THREADS)
+      reinterpret_cast<unsigned short*>(stage_base(e / XT_STRIDE))[SLAB_ROWS * XT_STRIDE + e % XT_STRIDE] = 0;
+  }
+'''),
+    ('''    }
+    load_cols(chunk + 1);
+''',
+     '''    }
+    load_cols(chunk + 1);
+#elif SLAB  // x^T rows r0 .. r0 + SLAB_ROWS - 1, this tile's tokens (past x or its tokens: zeros)
+    {
+      const int r0 = chunk * (KC / 4) * MB;
+      constexpr int VECS = SLAB_ROWS * (BN / 8);
+#pragma unroll
+      for (int q = 0; q < (VECS + THREADS - 1) / THREADS; ++q) {
+        const int v = tid + q * THREADS;
+        if (VECS % THREADS == 0 || v < VECS) {
+          const int r = v / (BN / 8), t8 = (v % (BN / 8)) * 8;
+          const bool in = r0 + r < kx && n_cta + t8 < sxn;
+          cp_async16(xs_s + r * XT_STRIDE + t8, in ? x + (long long)(r0 + r) * sxk + n_cta + t8 : x, in ? 16 : 0);
+        }
+      }
+    }
+'''),
+    ('''        cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
+      }
+''',
+     '''        cur_m[i][s] = a_ok(c, i, s) ? am_s[frag(i, s)] : 0x44444444u;  // zero values: any valid metadata
+      }
+#if SLAB
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) cur_off[s] = nxt_off[s];
+    if (c + 1 < chunks) load_lane_offs(c + 1);  // (a chunk's work ahead of its use)
+#endif
+'''),
+]
+
+
+def slab_source() -> str:
+    text = (CC.SRC_DIR / "spmm_nm.cu").read_text()
+    for old, new in EDITS:
+        if text.count(old) != 1:
+            raise RuntimeError(f"spmm_nm.cu changed: the SLAB edit's anchor is not found once: {old[:60]!r}")
+        text = text.replace(old, new)
+    return text
+
+
 SLAB_SRC = CC.SRC_DIR / "spmm_nm_slab.cu"
-shutil.copy(HERE / "spmm_nm_slab.cu", SLAB_SRC)
+SLAB_SRC.write_text(slab_source())
 atexit.register(lambda: SLAB_SRC.unlink(missing_ok=True))
 
 C = K.Config
