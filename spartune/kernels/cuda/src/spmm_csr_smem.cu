@@ -62,9 +62,6 @@
 #ifndef ROWS_COPY
 #define ROWS_COPY 0
 #endif
-#ifndef PF_L2
-#define PF_L2 0  // bytes of each warp's stream asked of L2 by one bulk prefetch at the start (0: none)
-#endif
 #if HALF_SUMS && SPARTUNE_BF16
 #error "HALF_SUMS is for fp16 only"
 #endif
@@ -440,15 +437,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   uint4 buf[DEPTH];
 #pragma unroll
   for (int j = 0; j < DEPTH; ++j) buf[j] = c + j * KW < total ? load_stream(wp + (c + j * KW) * STEP) : zero;
-#if PF_L2 && __CUDA_ARCH__ >= 900
-  // the stream past its first loads, asked of L2 while x is staged (the DRAM idles meanwhile)
-  if (kw == 0 && lane == 0 && total > DEPTH * KW) {
-    const long long first = static_cast<long long>(DEPTH) * KW * STEP;  // 16-byte chunks
-    const long long left = (static_cast<long long>(total) * STEP - first) * 16;
-    const unsigned bytes = static_cast<unsigned>(left < PF_L2 ? left : PF_L2);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(words + base + first), "r"(bytes) : "memory");
-  }
-#endif
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
   // each plane's rows past KS (generic strides: items unrolled two at a time)

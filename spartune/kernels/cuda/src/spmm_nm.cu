@@ -84,9 +84,6 @@ constexpr int SMEM_BYTES = XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES;
 #ifndef PIPE
 #define PIPE 0
 #endif
-#ifndef PF_L2
-#define PF_L2 0  // bytes of each of the CTA's 16-row tiles of A asked of L2 by one bulk prefetch at the start
-#endif
 static_assert(PIPE == 0 || (PIPE >= 3 && GATHER != 1), "the cp.async ring runs 2:4 or GATHER 2, 3 or 4, with at least 3 stages");
 static_assert((GATHER >= 2) == (PIPE != 0 && GATHER != 0), "GATHER 2, 3 and 4 are the ring's V:N:M");
 static_assert(GATHER != 4 || BN == 8, "GATHER 4 is one token's tile");
@@ -427,19 +424,6 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     issue_a(chunk);
     if (GATHER >= 3) issue_x(chunk);
   };
-#if PF_L2 && __CUDA_ARCH__ >= 900
-  // A past the ring's first chunks, asked of L2 (one row block's token tiles share it: tile 0 asks)
-  if (blockIdx.x == 0 && warp == 0 && lane < 2 * MT) {  // lane i < MT: tile i's values, MT + i: its metadata
-    const int mt = blockIdx.y * MT + lane % MT, kt = (PIPE - 1) * KSTEPS * WARPS_K;
-    if (mt < Mt && kt < Kt) {
-      const bool meta = lane >= MT;
-      const long long left = (long long)(Kt - kt) * (meta ? 64 : 512);
-      const unsigned bytes = static_cast<unsigned>(left < PF_L2 ? left : PF_L2);
-      const void* src = meta ? static_cast<const void*>(a_meta + unit(mt, kt) * 16) : a_values + unit(mt, kt) * 32;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-    }
-  }
-#endif
 #if GATHER >= 3
   // x's rows first (the oldest group), the first chunks' A behind them; the chunks' x tiles are
   // filled once the rows have landed
