@@ -111,7 +111,7 @@ def main():
     dtype = getattr(torch, args.dtype)
     rows = each_problem(SHAPES, args, lambda name, M, Kd, n, pattern: run_case(name, M, Kd, n, dtype, pattern,
                                                                                         not args.no_space, args.rounds, args.rotate))
-    with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}.json"), "w") as f:
+    with open(os.path.join(args.out, f"bench_nm_decode_{args.dtype}_{'_'.join(args.patterns).replace(':', '-')}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'shape':<14}{'pattern':>8}{'N':>4} {'dense us':>9} {'regs us':>8} {'ring us':>8} {'tuned us':>9} "
           f"{'x dense regs':>13} {'ring':>6} {'tuned':>6} {'ring TB/s':>10} {'eager us':>9} {'rotated x':>10}")

@@ -51,6 +51,7 @@ quick="bench_csr.py --quick --budget-s 90;bench_blocked.py --quick --max-configs
 IFS=';' read -ra runs <<< "${RUNS-$quick}"
 for run in "${runs[@]}"; do
   name=$(echo "$run" | awk '{print $1}' | sed 's/\.py$//')
+  base=$name; i=2; while [ -e "$OUT/$name.log" ]; do name=$base-$i; i=$((i + 1)); done  # a script run twice keeps both logs
   echo "== $run"
   if [[ $run == spartune* ]]; then  # the command line itself (e2e), its results in $OUT/spartune-bench
     # shellcheck disable=SC2086
