@@ -1,6 +1,6 @@
 """Evaluation of the autotuner (issue 5, "Evaluation" and "Must show"), on the GPU.
 
-    python benchmarks/eval_tuner.py [--quick] [--problems N] [--budget-s S] [--out DIR]
+    python benchmarks/eval_tuner.py [--quick] [--problems N] [--budget-s S] [--out DIR] [--suite nm]
 
 Needs the package importable (`pip install -e .`, or PYTHONPATH=$PWD as scripts/gpu.sh sets).
 
@@ -11,7 +11,8 @@ Needs the package importable (`pip install -e .`, or PYTHONPATH=$PWD as scripts/
    problem is in a TuningDB.
 2. A suite of `linear` problems (fp16; block:64x64, block:32x32, shfl:64 with x in the spmm
    layout x = X.T, csr; six shapes, densities 0.5 .. 0.05, N from 1 to 4096) with uniform
-   random masks made on the GPU. For each: every candidate that dispatch would build (our
+   random masks made on the GPU (`--suite nm`: 2:4 and V:N:M, 4 patterns x 3 Llama shapes x
+   N = 1, 16, 2048, magnitude-pruned random weights: issue 14's family). For each: every candidate that dispatch would build (our
    family's whole space with its cost-model features, plus the dense library backend) is
    measured once (exhaustive) with spartune.tune.measure.time_callable and short timings, next
    to its predicted time from the calibrated DeviceSpec. Kernels are compiled ahead by a pool
@@ -46,6 +47,10 @@ DENSITIES = (0.5, 0.2, 0.1, 0.05)
 NS = (1, 16, 128, 2048, 4096)
 SLOW_FACTOR, SLOW_S = 3.0, 30e-6  # a candidate this much slower than the best so far gets one quick timing
 SHORT_S, SHORT_REP_MS = 20e-6, 2  # one warm call under SHORT_S: time_callable with a short rep (graph replay)
+# --suite nm (issue 14): the sparse-tensor-core family on the Llama shapes, decode and prefill
+NM_PATTERNS = ("2:4", "64:2:8", "128:2:8", "64:2:16")
+NM_SHAPES = ((11008, 4096), (4096, 11008), (13824, 5120))
+NM_NS = (1, 16, 2048)
 MUST = {"fast_within_5": 0.90, "fast_fraction_measured": 0.10, "model_within_15": 0.75, "dense_slowdown": 1.03,
         "overhead_us": 15.0}
 
@@ -68,10 +73,15 @@ class Spec:
         return f"{self.fmt} {self.m}x{self.k} d={self.density:g} n={self.n}" + (" (X.T)" if self.spmm_layout else "")
 
 
-def build_suite() -> list[Spec]:
-    """64 problems: 3 (shape, density) pairs per (format, N), one more per format at N = 16;
+def build_suite(kind: str = "mixed") -> list[Spec]:
+    """mixed: 64 problems: 3 (shape, density) pairs per (format, N), one more per format at N = 16;
     shapes and densities cycle through a shuffled list so each appears about equally often.
-    Ordered so that any prefix is itself a spread over formats and N."""
+    nm: 36 problems, every N:M / V:N:M pattern at every Llama shape and N (density: the kept
+    fraction). Ordered so that any prefix is itself a spread over formats and N."""
+    if kind == "nm":
+        pairs = [(n, p) for n in NM_NS for p in NM_PATTERNS]
+        return [Spec(p, *NM_SHAPES[(i + r) % len(NM_SHAPES)], _kept(p), n)
+                for r in range(len(NM_SHAPES)) for i, (n, p) in enumerate(pairs)]
     combos = [(s, d) for s in SHAPES for d in DENSITIES]
     random.Random(0).shuffle(combos)
     pairs = [(f, n) for n in NS for f in FORMATS]
@@ -86,6 +96,12 @@ def build_suite() -> list[Spec]:
         suite.append(Spec(f, m, k, d, 16))
         i += 1
     return suite
+
+
+def _kept(pattern: str) -> float:
+    """The fraction of an N:M ("2:4") or V:N:M ("64:2:8": 4 of M columns a block, 2:4 in them) pattern's weights kept."""
+    parts = [int(v) for v in pattern.split(":")]
+    return parts[0] / parts[1] if len(parts) == 2 else 4 / parts[2] * 0.5
 
 
 # --- problems on the device ---------------------------------------------------------------------
@@ -116,6 +132,9 @@ def make_format(fmt: str, m: int, k: int, density: float, gen, device, dtype):
     if fmt == "csr":
         mask = torch.rand(m, k, generator=gen, device=device) < density
         return st.CSR.from_dense(torch.where(mask, values(), zero))
+    if fmt[0].isdigit():  # N:M or V:N:M: magnitude-pruned random values (the pattern fixes the density)
+        from spartune.prune import sparsify_weight
+        return sparsify_weight(values(), fmt)
     raise ValueError(f"unknown format {fmt!r}")
 
 
@@ -543,6 +562,8 @@ def parse_args(argv=None):
     p.add_argument("--lookahead", type=int, default=6, help="problems built and compiling ahead of the one measured")
     p.add_argument("--skip-extras", action="store_true", help="skip (a) tuning wall time and (b) host overhead")
     p.add_argument("--dry-run", action="store_true", help="CPU, fake timings: checks the script's plumbing")
+    p.add_argument("--suite", choices=("mixed", "nm"), default="mixed",
+                   help="mixed: block, Shfl-BW, CSR (64 problems); nm: 2:4 and V:N:M on the Llama shapes (36)")
     args = p.parse_args(argv)
     args.budget_s = args.budget_s or (90.0 if args.quick else 190.0)
     args.warmup_ms = args.warmup_ms or 2
@@ -632,7 +653,7 @@ def main(argv=None) -> int:
     from spartune import ops
 
     ops.set_mode("fast")  # forget the choices of (a) and (b)
-    suite = build_suite()[: args.problems]
+    suite = build_suite(args.suite)[: args.problems]
     tuner = Tuner(None, spec_device, mode="exhaustive")  # predictions only
     rng = random.Random(0)
     deadline = start + args.budget_s - 5.0  # leave time to evaluate and write

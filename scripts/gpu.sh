@@ -4,6 +4,7 @@
 #   bash scripts/gpu.sh                     # the GPU tests (~8 min, ten processes)
 #   TESTS=0 bash scripts/gpu.sh             # the quick CSR and block benches (~3 min)
 #   TESTS=0 RUNS="eval_tuner.py --budget-s 330" bash scripts/gpu.sh     # the tuner evaluation (~3 min)
+#   TESTS=0 RUNS="eval_tuner.py --suite nm --budget-s 330" bash scripts/gpu.sh   # the same on 2:4 / V:N:M (issue 14)
 #   TESTS=0 RUNS="bench_blocked.py --quick" bash scripts/gpu.sh     # ";"-separated benchmark runs
 #   TESTS=0 RUNS="bench_csr_decode.py --quick --dtypes float16" bash scripts/gpu.sh   # CSR decode (issue 16)
 #   TESTS=0 RUNS="bench_nm_decode.py --n 1 16" bash scripts/gpu.sh       # 2:4 decode, every mma config (issue 14)
