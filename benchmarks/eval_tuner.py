@@ -79,8 +79,10 @@ def build_suite(kind: str = "mixed") -> list[Spec]:
     nm: 36 problems, every N:M / V:N:M pattern at every Llama shape and N (density: the kept
     fraction). Ordered so that any prefix is itself a spread over formats and N."""
     if kind == "nm":
+        from spartune.prune.patterns import parse_pattern
+
         pairs = [(n, p) for n in NM_NS for p in NM_PATTERNS]
-        return [Spec(p, *NM_SHAPES[(i + r) % len(NM_SHAPES)], _kept(p), n)
+        return [Spec(p, *NM_SHAPES[(i + r) % len(NM_SHAPES)], parse_pattern(p).fixed_density, n)
                 for r in range(len(NM_SHAPES)) for i, (n, p) in enumerate(pairs)]
     combos = [(s, d) for s in SHAPES for d in DENSITIES]
     random.Random(0).shuffle(combos)
@@ -96,12 +98,6 @@ def build_suite(kind: str = "mixed") -> list[Spec]:
         suite.append(Spec(f, m, k, d, 16))
         i += 1
     return suite
-
-
-def _kept(pattern: str) -> float:
-    """The fraction of an N:M ("2:4") or V:N:M ("64:2:8": 4 of M columns a block, 2:4 in them) pattern's weights kept."""
-    parts = [int(v) for v in pattern.split(":")]
-    return parts[0] / parts[1] if len(parts) == 2 else 4 / parts[2] * 0.5
 
 
 # --- problems on the device ---------------------------------------------------------------------
@@ -132,8 +128,10 @@ def make_format(fmt: str, m: int, k: int, density: float, gen, device, dtype):
     if fmt == "csr":
         mask = torch.rand(m, k, generator=gen, device=device) < density
         return st.CSR.from_dense(torch.where(mask, values(), zero))
-    if fmt[0].isdigit():  # N:M or V:N:M: magnitude-pruned random values (the pattern fixes the density)
-        from spartune.prune import sparsify_weight
+    from spartune.prune import sparsify_weight
+    from spartune.prune.patterns import parse_pattern
+
+    if parse_pattern(fmt).fixed_density is not None:  # N:M or V:N:M: magnitude-pruned random values
         return sparsify_weight(values(), fmt)
     raise ValueError(f"unknown format {fmt!r}")
 
@@ -221,7 +219,7 @@ class Precompiler:
         self.threads = cf.ThreadPoolExecutor(min(jobs, 8), thread_name_prefix="eval-nvrtc")
         self.seen: dict[tuple, object] = {}
         self.stats = {"jobs": jobs, "submitted": 0, "compiled": 0, "failed": 0, "compile_s": 0.0, "errors": [],
-                      "collect_s": 0.0, "wait_s": 0.0}
+                      "collect_s": 0.0, "wait_s": 0.0, "cuda_prepares": 0}
         for _ in range(jobs):  # start the workers (imports) now
             self.pool.submit(time.sleep, 0)
 
@@ -232,7 +230,7 @@ class Precompiler:
         t0 = time.perf_counter()
         found = []
         futures = [self.threads.submit(c.prepare) for c in cands if c.prepare is not None]
-        self.stats["cuda_prepares"] = self.stats.get("cuda_prepares", 0) + len(futures)
+        self.stats["cuda_prepares"] += len(futures)
         runs = [c.run for c in cands if c.prepare is None]
 
         def hook(*, fn, compile, **_):
