@@ -416,7 +416,7 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   }
 
   // lane i holds where group g0 + i starts (lane gn: where the last one ends), in 16-byte chunks
-  // of this warp's stream; the first three loads fly while x is staged
+  // of this warp's stream
   int start = 0;
   if (gn > 0 && lane <= gn) start = offsets[s * groups + g0 + lane] / 4;
   const int base = __shfl_sync(0xffffffffu, start, 0);
@@ -434,9 +434,6 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
   constexpr int STEP = QS * R;  // 16-byte chunks per step of the warp
   const uint4 zero = make_uint4(0, 0, 0, 0);
   int c = kw;  // this warp's steps: kw, kw + KW, ...; DEPTH loads stay in flight, across groups
-  uint4 buf[DEPTH];
-#pragma unroll
-  for (int j = 0; j < DEPTH; ++j) buf[j] = c + j * KW < total ? load_stream(wp + (c + j * KW) * STEP) : zero;
 
   // stage x[n0 : n0 + NT, k0 : k0 + KS] as planes of rows of 8 tokens; zeros past N and K, and in
   // each plane's rows past KS (generic strides: items unrolled two at a time)
@@ -460,6 +457,11 @@ extern "C" __global__ void CSR_CLUSTER __launch_bounds__(THREADS, 1024 / THREADS
     }
   }
   __syncthreads();
+  // the stream's first loads only now: x's lines, which every CTA needs first, then do not queue
+  // at the DRAM behind them (LOG, session 38: -1 to -4%)
+  uint4 buf[DEPTH];
+#pragma unroll
+  for (int j = 0; j < DEPTH; ++j) buf[j] = c + j * KW < total ? load_stream(wp + (c + j * KW) * STEP) : zero;
 
   const spartune::Epilogue ep{out, bias, residual, M, N, son, som, srn, srm, out_code, bias_code, res_code, act, scale};
   const long long tile_rows = static_cast<long long>(groups) * R;
