@@ -379,6 +379,75 @@ def test_cuda_graph_capture(variant, dtype):
 
 
 
+# ---- programmatic dependent launch: a bound mma call after its first overlaps the kernel before ----
+
+def _overlap_configs(A, N):
+    """One config per path of the mma kernel that the device's space holds: the register path,
+    the ring, its clusters (2:4), x^T rows and x's rows whole (V:N:M)."""
+    picks = {}
+    for c in K.space(hopper_problem(A, N)):
+        if c.variant == "mma":
+            picks.setdefault((c.stages >= 3, c.cluster_m > 1, c.x_whole), c)
+    return list(picks.values())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 7, 16])
+@pytest.mark.parametrize("pattern", ["2:4", "64:2:8"])
+def test_overlapped_layers_read_what_the_layer_before_wrote(dtype, N, pattern):
+    """Two bound layers back to back, the second's x the first's out, each launched overlapped
+    after its first call (sm_90): the second starts while the first still sums its K parts and
+    writes out, and must wait for them. Each round gives x new values and fills both outputs with
+    NaN first (kernels just before); then the same chain captured in a graph and replayed."""
+    from spartune.kernels.cuda import runtime as R
+
+    M, Kd = 1000, 1336
+    A1, A2 = (st.NM.from_dense(random_2to4(M, k, dtype, seed), 2, 4) if pattern == "2:4" else
+              random_vnm(M, k, 64, 8, dtype, seed) for k, seed in ((Kd, 51), (M, 52)))
+    w1, w2 = A1.to_dense(), A2.to_dense()
+    x = torch.randn(N, Kd, device="cuda", dtype=dtype)
+    h = torch.empty(N, M, device="cuda", dtype=dtype)
+    y = torch.empty(N, M, device="cuda", dtype=dtype)
+    overlapped = R.overlap_allowed(torch.cuda.current_device())
+    for cfg1, cfg2 in zip(_overlap_configs(A1, N), _overlap_configs(A2, N)[::-1]):
+        first, second = K.bind(A1, x, h, cfg1), K.bind(A2, h, y, cfg2)
+        chain = lambda: (first(x, h, None, None), second(h, y, None, None))  # noqa: E731
+        for _ in range(4):  # the first round plain, the rest overlapped
+            x.copy_(torch.randn_like(x))
+            h.fill_(float("nan"))
+            y.fill_(float("nan"))
+            chain()
+            expect = reference(reference(x, w1).to(dtype), w2)
+            assert not y.isnan().any(), (cfg1, cfg2)
+            assert rel(y, expect) <= TOL, (cfg1, cfg2)
+        graph = helpers.capture(chain)
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel(y, reference(reference(x, w1).to(dtype), w2)) <= TOL, (cfg1, cfg2)
+    assert overlapped == (torch.cuda.get_device_capability() >= (9, 0))
+
+
+def test_a_weight_changed_in_place_just_before_is_read_whole():
+    """The kernel before an overlapped call may write the weight itself (an optimizer step): the
+    version check binds again and the new binding's first call launches plainly."""
+    from spartune import dispatch
+    from spartune.kernels import registry
+
+    M, Kd, N = 1000, 1336, 7
+    w, A, x, _, _ = operands(M, Kd, N, torch.float16, 61)
+    run = dispatch._bound(A, registry.by_name("nm"), _overlap_configs(A, N)[-1])
+    out = torch.empty(N, M, device="cuda", dtype=torch.float16)
+    for i in range(6):
+        if i in (3, 5):  # right before an overlapped call
+            with torch.no_grad():
+                A.values.neg_()
+        out.fill_(float("nan"))
+        run(A, x, out)
+        assert rel(out, reference(x, A.to_dense())) <= TOL
+
+
 # ---- V:N:M (VENOM) on the mma variant: x gathered through the column map ----
 
 def random_vnm(rows, cols, v, m, dtype, seed):

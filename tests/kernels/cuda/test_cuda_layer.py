@@ -463,6 +463,82 @@ def test_prepared_launch_packs_once_and_fills_its_slots(monkeypatch):
         kernel.prepare(1, 1, a, 9, slots=(0,))
 
 
+def test_launch_config_structs_follow_cuda_h():
+    """cuLaunchKernelEx reads these as cuda.h lays them out (64-bit): CUlaunchAttribute is the id,
+    padding to 8 and a 64-byte value; CUlaunchConfig six dims, shared memory, then the stream at 32."""
+    import ctypes
+
+    from spartune.kernels.cuda import runtime as R
+
+    assert ctypes.sizeof(R.LaunchAttribute) == 72 and R.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(R.LaunchConfig) == 56
+    assert (R.LaunchConfig.shmem.offset, R.LaunchConfig.stream.offset, R.LaunchConfig.attrs.offset,
+            R.LaunchConfig.num_attrs.offset) == (24, 32, 40, 48)
+
+
+def test_overlapped_launch_is_plain_first_then_programmatic(monkeypatch):
+    """overlap: the first call launches plainly (after whatever wrote the weight), the later
+    ones by cuLaunchKernelEx with programmatic stream serialization on the current stream;
+    never where overlap is not allowed (SPARTUNE_OVERLAP=0, before sm_90)."""
+    import ctypes
+
+    from spartune.kernels.cuda import runtime as R
+
+    seen = []
+
+    def fake_launch(handle, gx, gy, gz, bx, by, bz, shmem, stream, pointers, extra):
+        p = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        seen.append(("plain", (gx, gy, gz, bx, by, bz, shmem, stream), ctypes.c_uint64.from_address(p[0]).value))
+        return 0
+
+    def fake_launch_ex(config, handle, pointers, extra):
+        c = config._obj  # (a ctypes.byref)
+        attr = c.attrs[0]
+        p = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        seen.append(("ex", (*c.dims, c.shmem, c.stream), ctypes.c_uint64.from_address(p[0]).value,
+                     c.num_attrs, attr.id, attr.value, handle))
+        return 0
+
+    monkeypatch.setattr(R, "_launch_kernel", fake_launch)
+    monkeypatch.setattr(R, "_launch_kernel_ex", fake_launch_ex)
+    monkeypatch.setattr(R, "_current_stream_handle", lambda index: 77)
+    kernel = R.LoadedKernel.__new__(R.LoadedKernel)
+    kernel.device_index, kernel._handle, kernel._shmem_limit = -1, 5, R.DEFAULT_SHMEM_LIMIT
+    a, b = torch.zeros(4), torch.zeros(8)
+    monkeypatch.setattr(R, "overlap_allowed", lambda index: True)
+    prepared = kernel.prepare((3, 2, 1), 128, a, 9, shmem=1024, slots=(0,), overlap=True)
+    prepared(a)
+    prepared(b)
+    prepared(a)
+    dims = (3, 2, 1, 128, 1, 1, 1024, 77)
+    assert seen == [("plain", dims, a.data_ptr()), ("ex", dims, b.data_ptr(), 1, R.PROGRAMMATIC_STREAM_SERIALIZATION, 1, 5),
+                    ("ex", dims, a.data_ptr(), 1, R.PROGRAMMATIC_STREAM_SERIALIZATION, 1, 5)]
+    seen.clear()
+    monkeypatch.setattr(R, "overlap_allowed", lambda index: False)
+    prepared = kernel.prepare((3, 2, 1), 128, a, 9, shmem=1024, slots=(0,), overlap=True)
+    prepared(a)
+    prepared(b)
+    assert [s[0] for s in seen] == ["plain", "plain"]
+    seen.clear()
+    plain = kernel.prepare((3, 2, 1), 128, a, 9, shmem=1024, slots=(0,))  # (the default: no overlap)
+    plain(a)
+    plain(b)
+    assert [s[0] for s in seen] == ["plain", "plain"]
+
+
+def test_overlap_switch(monkeypatch):
+    from spartune.kernels.cuda import runtime as R
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.delenv("SPARTUNE_OVERLAP", raising=False)
+    assert R.overlap_allowed(0)
+    monkeypatch.setenv("SPARTUNE_OVERLAP", "0")
+    assert not R.overlap_allowed(0)
+    monkeypatch.setenv("SPARTUNE_OVERLAP", "1")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    assert not R.overlap_allowed(0)
+
+
 def test_tensor_map_3d_refuses_what_the_copy_engine_cannot_read():
     """A 3-D descriptor (the wgmma producer's boxes of the packed weight) needs the last dimension
     contiguous and 16-byte strides: anything else is refused before the driver is asked."""
