@@ -636,7 +636,7 @@ def _bind_mma(A, x, out, config: Config, epilogue: tuple):
     prepared = kernel.prepare(grid, (32 * config.num_warps, 1, 1), values, meta, NULL, out, p_bias, p_res, cols,
                               map_rows, map_pitch, m_block, M, K, N, mt, kt, sxn, sxk, x_vec, kx, *rest,
                               shmem=_mma_smem_bytes(config, vnm, N, kx) if config.stages >= 3 else 0,
-                              slots=(2, 3, 4, 5), overlap=True)  # (spmm_nm.cu waits before x: a layer after another overlaps it)
+                              slots=(2, 3, 4, 5))
 
     def run(x, out, bias, residual):
         prepared(_tokens_major(x, in_place) if gather == 2 else x, out, bias, residual)

@@ -199,25 +199,8 @@ def _dim3(v) -> tuple[int, int, int]:
     return v + (1,) * (3 - len(v))
 
 
-_launch_kernel = _launch_kernel_ex = None
+_launch_kernel = None
 CUDA_ERROR_INVALID_CONTEXT = 201
-PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
-
-
-class LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value (here its first int)."""
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
-
-
-class LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig: grid and block (x, y, z each), dynamic shared memory, stream, attributes."""
-    _fields_ = [("dims", ctypes.c_uint * 6), ("shmem", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-def overlap_allowed(device_index: int) -> bool:
-    """Programmatic dependent launch: Hopper on (sm_90), unless SPARTUNE_OVERLAP=0."""
-    return os.environ.get("SPARTUNE_OVERLAP", "1") != "0" and torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def _bind_primary_context(index: int) -> bool:
@@ -250,17 +233,6 @@ def _cu_launch_kernel():
     return _launch_kernel
 
 
-def _cu_launch_kernel_ex():
-    """libcuda's cuLaunchKernelEx(config, kernel, params, extra) through ctypes."""
-    global _launch_kernel_ex
-    if _launch_kernel_ex is None:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-        fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        _launch_kernel_ex = fn
-    return _launch_kernel_ex
-
-
 class LoadedKernel:
     """A kernel ready to launch: `kernel(grid, block, *args, shmem=bytes)`."""
 
@@ -278,11 +250,11 @@ class LoadedKernel:
         self.prepare(grid, block, *args, shmem=shmem)()
 
     def prepare(self, grid, block, *args, shmem: int = 0, slots: tuple[int, ...] = (),
-                reads: tuple[torch.Tensor, ...] = (), overlap: bool = False) -> "PreparedLaunch":
+                reads: tuple[torch.Tensor, ...] = ()) -> "PreparedLaunch":
         """This launch with its arguments packed once; a call fills the arguments at `slots`.
         reads: tensors that fixed descriptors among the arguments point into (held as the
-        fixed tensor arguments are). overlap: see PreparedLaunch."""
-        return PreparedLaunch(self, grid, block, args, shmem, slots, reads, overlap)
+        fixed tensor arguments are)."""
+        return PreparedLaunch(self, grid, block, args, shmem, slots, reads)
 
     def _reserve(self, shmem: int) -> None:
         if shmem > self._shmem_limit:
@@ -296,19 +268,6 @@ class LoadedKernel:
         if err == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(self.device_index):
             # a thread whose first CUDA call this is (the tuner's worker on a DB hit)
             err = launch(*launch_args, stream, pointers, None)
-        self._raise(err)
-
-    def _launch_overlapped(self, config: LaunchConfig, pointers) -> None:
-        """cuLaunchKernelEx of `config` (its grid, block, shared memory and attributes) on the
-        current stream."""
-        config.stream = _current_stream_handle(self.device_index)
-        launch = _cu_launch_kernel_ex()
-        err = launch(ctypes.byref(config), self._handle, pointers, None)
-        if err == CUDA_ERROR_INVALID_CONTEXT and _bind_primary_context(self.device_index):
-            err = launch(ctypes.byref(config), self._handle, pointers, None)
-        self._raise(err)
-
-    def _raise(self, err: int) -> None:
         if err:
             from cuda.bindings import driver
 
@@ -342,20 +301,10 @@ class PreparedLaunch:
     `slots` filled on each call: what a bound call changes (tensors' addresses, a TMA
     descriptor). The caller vouches that those tensors are on the kernel's device and laid out
     as the ones prepared with (dispatch keys its bound calls by that layout). A slot takes a
-    tensor, None (a null pointer) or, where bytes were prepared, a 128-byte descriptor.
-
-    overlap: the kernel reads nothing the kernel before it in the stream may write, and writes
-    nothing, until `griddepcontrol.wait`, except the tensors held at fixed addresses (a weight's
-    layouts): from the second call on it is then launched with programmatic stream
-    serialization, so its CTAs start, and its weight streams, while the kernel before finishes
-    (sm_90; SPARTUNE_OVERLAP=0 turns it off). The first call launches plainly: it orders the
-    launch after whatever wrote those fixed tensors (a weight packed just before), and a later
-    call's kernel starts only once the one before it has started, so after that first call
-    (our kernels let the next start only after their own wait). A change of those tensors in
-    place must prepare again (dispatch binds again when a weight's values change)."""
+    tensor, None (a null pointer) or, where bytes were prepared, a 128-byte descriptor."""
 
     def __init__(self, kernel: LoadedKernel, grid, block, args: tuple, shmem: int, slots: tuple[int, ...],
-                 reads: tuple[torch.Tensor, ...] = (), overlap: bool = False):
+                 reads: tuple[torch.Tensor, ...] = ()):
         kernel._reserve(shmem)
         params = KernelParams(tuple(map(type, args)))
         params.pack(params.values(args, kernel.device_index))  # (checks every tensor's device once)
@@ -370,23 +319,13 @@ class PreparedLaunch:
         self._slots = tuple((params.offsets[i], _STRUCT_SLOT if type(args[i]) is bytes else _POINTER_SLOT)
                             for i in slots)
         self._lock = threading.Lock()  # one buffer: a call on another thread waits for the driver to copy it
-        self._overlapped = None  # the LaunchConfig of the calls after the first
-        if overlap and overlap_allowed(kernel.device_index):
-            self._attribute = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-            self._overlapped = LaunchConfig((ctypes.c_uint * 6)(*self._launch_args[1:7]), shmem, None,
-                                            ctypes.pointer(self._attribute), 1)
-        self._first = True
 
     def __call__(self, *values) -> None:
         with self._lock:
             view = self._params._view
             for (offset, slot), v in zip(self._slots, values, strict=True):
                 slot.pack_into(view, offset, v if slot is _STRUCT_SLOT else 0 if v is None else v.data_ptr())
-            if self._overlapped is None or self._first:
-                self._kernel._launch(self._launch_args, self._params.pointers)
-                self._first = False
-            else:
-                self._kernel._launch_overlapped(self._overlapped, self._params.pointers)
+            self._kernel._launch(self._launch_args, self._params.pointers)
 
 
 _tensor_maps: dict[tuple, bytes] = {}  # (address, geometry, dtype, box) -> descriptor

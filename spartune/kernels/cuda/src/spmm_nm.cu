@@ -38,25 +38,8 @@
 //   PIPE    0: the register prefetch; >= 3: the cp.async ring of PIPE stages (dynamic shared
 //           memory of PIPE_BYTES, which the launch passes; needs x_vec for GATHER 0)
 //   CLUSTER_M  CTAs of a cluster sharing x's chunks (GATHER 0 on the ring; K % 8 == 0, x_vec)
-// Programmatic dependent launch (sm_90; the host launches so where it may, kernels/cuda/runtime.py):
-// the CTAs may start while the kernel before them in the stream finishes. The ring issues the
-// weight's first chunks, which no kernel just before writes, then waits for that kernel
-// (griddepcontrol.wait) before it reads x, bias, residual or writes out; once its main loop is
-// done it lets the next kernel start. Launched plainly, the wait returns at once. A decode layer
-// after another: -0.7 to -1 us (LOG, session 38).
 #include "epilogue.cuh"
 #include "mma_sp.cuh"
-
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void let_next_grid_start() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 #if !defined(SPARTUNE_BF16) || !defined(BM) || !defined(BN) || !defined(WARPS) || !defined(KSTEPS)
 #error "spmm_nm.cu needs SPARTUNE_BF16, BM, BN, WARPS and KSTEPS"
@@ -442,16 +425,15 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     if (GATHER >= 3) issue_x(chunk);
   };
 #if GATHER >= 3
-  // the first chunks' A, then (once the kernel before has finished) x's rows, all in the oldest
-  // group; the chunks' x tiles are filled once they have landed
-#pragma unroll
-  for (int p = 0; p < PIPE - 1; ++p)
-    if (p < chunks) issue_a(p);
-  wait_for_prior_grid();
+  // x's rows first (the oldest group), the first chunks' A behind them; the chunks' x tiles are
+  // filled once the rows have landed
   stage_xw();
   cp_async_commit();
 #pragma unroll
-  for (int p = 0; p < PIPE - 1; ++p) cp_async_commit();  // (empty: the groups count as the loop expects)
+  for (int p = 0; p < PIPE - 1; ++p) {
+    if (p < chunks) issue_a(p);
+    cp_async_commit();
+  }
   cp_async_wait<PIPE - 1>();
   __syncthreads();
 #pragma unroll
@@ -459,12 +441,8 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
     if (p < chunks) issue_x(p);
 #else
 #pragma unroll
-  for (int p = 0; p < PIPE - 1; ++p)
-    if (p < chunks) issue_a(p);  // (in chunk 0's group)
-  wait_for_prior_grid();
-#pragma unroll
   for (int p = 0; p < PIPE - 1; ++p) {
-    if (p < chunks) issue_x(p);
+    if (p < chunks) issue(p);
     cp_async_commit();
   }
 #endif
@@ -507,11 +485,9 @@ extern "C" __global__ void SPARTUNE_CLUSTER __launch_bounds__(THREADS)
 #if CLUSTER_M > 1
   spartune::cluster_wait();
 #endif
-  let_next_grid_start();
   cp_async_wait<0>();
   __syncthreads();  // the reduction below reuses the stages
 #else
-  wait_for_prior_grid();  // (the register path: nothing before it)
   load_a(0);
   if (gather_regs) gather_x(0);
   else if (x_vec_ok(0)) load_x(0);
