@@ -292,7 +292,10 @@ def features(problem: Problem, config: Config) -> KernelFeatures:
     regs = 40 + config.bm * config.bn * config.warps_k // threads + (1 if ring else 2) * (config.bm // 16 // wm) * config.ksteps * 5
     if not ring:
         regs += config.bn * 32 * config.ksteps * config.warps_k // (2 * threads)  # the next x chunk
-    steps = math.ceil(kt / config.warps_k)  # a warp's mma.sp K steps (32 columns each)
+    # the main loop's trips: chunks of ksteps K steps a warp, each one round trip with the stages'
+    # chunks in flight (counting K steps charged ksteps round trips a chunk: the model then ranked
+    # long chunks last and missed the best decode configs, LOG session 38)
+    steps = math.ceil(kt / (config.warps_k * config.ksteps))
     copy_bytes = 2 * x_bytes if vnm and ring and problem.layout == "linear" and not config.x_whole else 0  # x^T
     if config.x_whole:  # each CTA reads its tokens' rows of x whole (the chunks' tiles come from them)
         x_l2 = tiles * _x_rows_bytes(config, problem.n, problem.k)

@@ -61,7 +61,8 @@ def test_space_and_features(n, dtype):
         f = K.features(prob, c)
         assert f.tiles > 0 and f.mma_flops > 0 and f.dram_bytes > 0 and f.l2_bytes >= f.dram_bytes - 256 * n * 2
         smem_cap = K.SMEM_BYTES if c.stages == 2 else K.PIPE_SMEM  # static, or the cp.async ring's dynamic
-        assert f.steps_max == -(-256 // 32 // c.warps_k) and 0 < f.smem_bytes <= smem_cap and f.num_warps == c.num_warps
+        # (trips: chunks of ksteps K steps a warp)
+        assert f.steps_max == -(-256 // 32 // (c.warps_k * c.ksteps)) and 0 < f.smem_bytes <= smem_cap and f.num_warps == c.num_warps
         assert f.num_stages == c.stages
         if n % c.bn == 0:
             assert f.mma_flops < dense_flops  # the sparse tensor cores do half the math
