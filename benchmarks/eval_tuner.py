@@ -103,7 +103,8 @@ def build_suite(kind: str = "mixed") -> list[Spec]:
 # --- problems on the device ---------------------------------------------------------------------
 def make_format(fmt: str, m: int, k: int, density: float, gen, device, dtype):
     """A uniform random pattern of `fmt` at `density` (of blocks, Shfl-BW columns or entries),
-    built as a masked dense weight on the device then converted (no pruning pass)."""
+    built as a masked dense weight on the device then converted (no pruning pass); N:M and V:N:M,
+    whose density the pattern fixes, by magnitude pruning of random values."""
     import torch
 
     import spartune as st
