@@ -83,7 +83,7 @@ constexpr int P = 8 / TEAM;      // rows one quarter-warp reads: the copy gives 
 // lanes of one row on the bank positions its P rows leave free
 constexpr int PS = KS + P + (LP == 2 && P == 4 ? 2 : 0);
 constexpr int THREADS = WARPS * 32;
-constexpr int DEPTH = 3;  // the stream's 16-byte loads in flight per lane (4-6 measured slower: LOG, sessions 25, 39)
+constexpr int DEPTH = 3;  // the stream's 16-byte loads in flight per lane (4-6 measured slower: LOG, session 25)
 constexpr int WG = WARPS / KW;   // warp rows: sets of KW warps sharing groups
 constexpr int TEAM_ROWS = WG * GPW * R;  // a CTA's rows (teams), padding included
 constexpr int ROWS_PER_THREAD = ROWS_COPY ? (TEAM_ROWS + THREADS - 1) / THREADS : 1;
