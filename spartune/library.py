@@ -373,8 +373,10 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
         return ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype, input_bias=input_bias,
                           input_activation=input_activation)
     _check_format("linear", A, ("x", x))
-    if input_bias is not None or input_activation is not None:
-        ops.check_prologue(input_bias, input_activation, A.shape[1], A.device, A.dtype)
+    ops.check_tensor("x", x, dtype=A.dtype, device=A.device, last=A.shape[1])
+    bias, scale, prologue = ops.check_linear_args(x, A.dtype, A.device, *A.shape, bias, activation, residual, scale,
+                                                  out_dtype, input_bias, input_activation)
+    if prologue is not None:
         if not grad:
             return _linear_prologue(x, input_bias, input_activation, A.tensor_list(), A.spec, bias, activation,
                                     residual, float(scale), out_dtype)
@@ -406,6 +408,10 @@ def spmm(A, X, *, out_dtype=None):
     if not _records(X, getattr(A, "values", None)) and not torch.compiler.is_compiling():
         return ops.spmm(A, X, out_dtype=out_dtype)
     _check_format("spmm", A, ("X", X))
+    ops.check_tensor("X", X, dtype=A.dtype, device=A.device, dim=2)
+    if X.shape[0] != A.shape[1]:
+        raise ValueError(f"X must have {A.shape[1]} rows (A is {A.shape[0]}x{A.shape[1]}), got shape {tuple(X.shape)}")
+    ops.check_out_dtype(out_dtype, A.dtype)
     return _spmm(A.tensor_list(), A.spec, X, out_dtype)
 
 
@@ -415,9 +421,8 @@ def sddmm(a, b, pattern, *, scale: float = 1.0):
     traceable."""
     if not _records(a, b) and not torch.compiler.is_compiling():
         return ops.sddmm(a, b, pattern, scale=scale)
-    if not isinstance(pattern, (CSR, BlockSparse)):
-        raise TypeError(f"sddmm: pattern must be CSR or BlockSparse, got {type(pattern).__name__}")
-    return pattern._with_values_trusted(_sddmm(a, b, pattern.tensor_list(), pattern.spec, float(scale)))
+    ops.check_sddmm(a, b, pattern)
+    return pattern._with_values_trusted(_sddmm(a, b, pattern.tensor_list(), pattern.spec, ops.check_scale(scale)))
 
 
 def sparse_softmax(A, *, scale: float = 1.0):
@@ -428,4 +433,4 @@ def sparse_softmax(A, *, scale: float = 1.0):
         return ops.sparse_softmax(A, scale=scale)
     if not isinstance(A, (CSR, BlockSparse)):
         raise TypeError(f"sparse_softmax: A must be CSR or BlockSparse, got {type(A).__name__}")
-    return A._with_values_trusted(_sparse_softmax(A.tensor_list(), A.spec, float(scale)))
+    return A._with_values_trusted(_sparse_softmax(A.tensor_list(), A.spec, ops.check_scale(scale)))

@@ -32,7 +32,7 @@ def _format_check(op: str, name: str = "A"):
 _CHECKS = {op: _format_check(op) for op in ("linear", "spmm", "prepare")}
 
 
-def _check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
+def check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
@@ -47,7 +47,7 @@ def _check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
         raise ValueError(f"{name} must have last dimension {last}, got shape {tuple(t.shape)}")
 
 
-def _check_scale(scale) -> float:
+def check_scale(scale) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
     return float(scale)
@@ -59,7 +59,7 @@ def _epilogue_dtypes(dtype) -> tuple:
     return _DTYPES if dtype == torch.float64 else _DTYPES[:-1]
 
 
-def _check_out_dtype(out_dtype, dtype):
+def check_out_dtype(out_dtype, dtype):
     allowed = _epilogue_dtypes(dtype)
     if out_dtype is not None and out_dtype not in allowed:
         raise TypeError(f"out_dtype must be one of {list(allowed)} for a {dtype} weight, got {out_dtype}")
@@ -75,10 +75,50 @@ def check_prologue(input_bias, input_activation, K: int, device, dtype) -> tuple
     """(input_bias at unit stride, input_activation) once both are checked: the prologue."""
     if input_bias is None:
         raise ValueError("input_activation needs input_bias (the prologue is act(x + input_bias))")
-    _check_tensor("input_bias", input_bias, device=device, dim=1, last=K)
+    check_tensor("input_bias", input_bias, device=device, dim=1, last=K)
     _check_epilogue_dtype("input_bias", input_bias, dtype)
     check_activation(input_activation)
     return input_bias if input_bias.stride(0) == 1 else input_bias.contiguous(), input_activation
+
+
+def check_linear_args(x, dtype, device, M: int, K: int, bias, activation, residual, scale, out_dtype,
+                      input_bias=None, input_activation=None) -> tuple:
+    """linear's checks past x's own, for both routes (eager and the operator's, where autograd
+    records or torch.compile traces): (bias at unit stride, scale as a float, the prologue or None)."""
+    if bias is not None:
+        check_tensor("bias", bias, device=device, dim=1, last=M)
+        _check_epilogue_dtype("bias", bias, dtype)
+        if bias.stride(0) != 1:  # the epilogues read bias[m] at unit stride: a copy, the user's is kept
+            bias = bias.contiguous()
+    if residual is not None:
+        check_tensor("residual", residual, device=device)
+        _check_epilogue_dtype("residual", residual, dtype)
+        if residual.shape[:-1] != x.shape[:-1] or residual.shape[-1] != M:
+            raise ValueError(f"residual must have shape {(*x.shape[:-1], M)}, got {tuple(residual.shape)}")
+    if activation is not None:
+        check_activation(activation)
+    if out_dtype is not None:
+        check_out_dtype(out_dtype, dtype)
+    if scale != 1.0 or type(scale) is not float:
+        scale = check_scale(scale)
+    prologue = None if input_bias is None and input_activation is None else \
+        check_prologue(input_bias, input_activation, K, device, dtype)
+    return bias, scale, prologue
+
+
+def check_sddmm(a, b, pattern) -> None:
+    """sddmm's operands, for both routes."""
+    if not isinstance(pattern, (CSR, BlockSparse)):
+        raise TypeError(f"sddmm: pattern must be CSR or BlockSparse, got {type(pattern).__name__}")
+    M, N = pattern.shape
+    check_tensor("a", a, device=pattern.device, dim=2)
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"a must be float16, bfloat16, float32 or float64, got {a.dtype}")
+    check_tensor("b", b, device=pattern.device, dim=2)
+    if b.dtype != a.dtype:
+        raise TypeError(f"b has dtype {b.dtype} but a is {a.dtype}: convert one of them")
+    if a.shape[0] != M or b.shape[0] != N or a.shape[1] != b.shape[1]:
+        raise ValueError(f"sddmm needs a (M={M}, D) and b (N={N}, D); got {tuple(a.shape)} and {tuple(b.shape)}")
 
 
 # --- public ops ---------------------------------------------------------------------------------
@@ -98,25 +138,9 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     dtype, device, M, K = st.meta
     if type(x) is not torch.Tensor or x.dim() == 0 or x.shape[-1] != K or x.dtype != dtype or x.device != device \
             or x.layout != torch.strided:
-        _check_tensor("x", x, dtype=dtype, device=device, last=K)  # raises the precise error
-    if bias is not None:
-        _check_tensor("bias", bias, device=device, dim=1, last=M)
-        _check_epilogue_dtype("bias", bias, dtype)
-        if bias.stride(0) != 1:  # the epilogues read bias[m] at unit stride: a copy, the user's is kept
-            bias = bias.contiguous()
-    if residual is not None:
-        _check_tensor("residual", residual, device=device)
-        _check_epilogue_dtype("residual", residual, dtype)
-        if residual.shape[:-1] != x.shape[:-1] or residual.shape[-1] != M:
-            raise ValueError(f"residual must have shape {(*x.shape[:-1], M)}, got {tuple(residual.shape)}")
-    if activation is not None:
-        check_activation(activation)
-    if out_dtype is not None:
-        _check_out_dtype(out_dtype, dtype)
-    if scale != 1.0:
-        scale = _check_scale(scale)
-    prologue = None if input_bias is None and input_activation is None else \
-        check_prologue(input_bias, input_activation, K, device, dtype)
+        check_tensor("x", x, dtype=dtype, device=device, last=K)  # raises the precise error
+    bias, scale, prologue = check_linear_args(x, dtype, device, M, K, bias, activation, residual, scale, out_dtype,
+                                              input_bias, input_activation)
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
     n = x2.shape[0]
@@ -141,10 +165,10 @@ def spmm(A, X, *, out_dtype=None):
     """A @ X for X of shape (K, N). Same kernels as `linear`, on transposed views (no copies)."""
     st = dispatch.state(A, _CHECKS["spmm"])
     _, device, M, K = st.meta
-    _check_tensor("X", X, dtype=A.dtype, device=device, dim=2)
+    check_tensor("X", X, dtype=A.dtype, device=device, dim=2)
     if X.shape[0] != K:
         raise ValueError(f"X must have {K} rows (A is {M}x{K}), got shape {tuple(X.shape)}")
-    _check_out_dtype(out_dtype, A.dtype)
+    check_out_dtype(out_dtype, A.dtype)
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
     x, out = X.T, Y.T
     key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1, out.stride(1) == 1, None,
@@ -170,16 +194,8 @@ def prepare(A, n: int, *, bias: bool = False, activation=None, residual: bool = 
 def sddmm(a, b, pattern, *, scale: float = 1.0):
     """scale * (a @ b^T) at the stored positions of `pattern` (CSR or BlockSparse), returned as
     the same format with new values (fp32 accumulation, a's dtype)."""
-    if not isinstance(pattern, (CSR, BlockSparse)):
-        raise TypeError(f"sddmm: pattern must be CSR or BlockSparse, got {type(pattern).__name__}")
-    scale = _check_scale(scale)
-    M, N = pattern.shape
-    _check_tensor("a", a, device=pattern.device, dim=2)
-    _check_tensor("b", b, dtype=a.dtype, device=pattern.device, dim=2)
-    if a.dtype not in _DTYPES:
-        raise TypeError(f"a must be float16, bfloat16, float32 or float64, got {a.dtype}")
-    if a.shape[0] != M or b.shape[0] != N or a.shape[1] != b.shape[1]:
-        raise ValueError(f"sddmm needs a (M={M}, D) and b (N={N}, D); got {tuple(a.shape)} and {tuple(b.shape)}")
+    scale = check_scale(scale)
+    check_sddmm(a, b, pattern)
     return dispatch.sddmm(dispatch.state(pattern, _format_check("sddmm", "pattern")), a, b, pattern, scale)
 
 
@@ -188,5 +204,5 @@ def sparse_softmax(A, *, scale: float = 1.0):
     empty. Returns the same format with the probabilities as values."""
     if not isinstance(A, (CSR, BlockSparse)):
         raise TypeError(f"sparse_softmax: A must be CSR or BlockSparse, got {type(A).__name__}")
-    scale = _check_scale(scale)
+    scale = check_scale(scale)
     return dispatch.sparse_softmax(dispatch.state(A, _format_check("sparse_softmax")), A, scale)

@@ -808,11 +808,42 @@ def test_linear_rejects_bad_inputs(no_kernels, case):
         call()
 
 
+@pytest.mark.parametrize("case", list(BAD_LINEAR))
+def test_linear_rejects_bad_inputs_where_autograd_records(no_kernels, monkeypatch, case):
+    """The operator's route (x requires grad) checks what the eager route does, with the same
+    errors: no broadcast residual, no int32 out_dtype, no string scale slips through."""
+    monkeypatch.setitem(globals(), "x32", x32.clone().requires_grad_())
+    call, exc, match = BAD_LINEAR[case]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_linear_rejects_a_broadcast_residual_both_routes(no_kernels):
+    for x in (x32, x32.clone().requires_grad_()):
+        with pytest.raises(ValueError, match="residual must have shape"):
+            st.linear(x, A32, residual=torch.randn(1, M))
+
+
 @pytest.mark.parametrize("case", list(BAD_OTHERS))
 def test_other_ops_reject_bad_inputs(no_kernels, case):
     call, exc, match = BAD_OTHERS[case]
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_other_ops_check_the_same_where_autograd_records(no_kernels):
+    A = A32.with_values(A32.values.clone().requires_grad_())
+    a, b = torch.randn(M, 8, requires_grad=True), torch.randn(K, 8)
+    with pytest.raises(TypeError, match="out_dtype"):
+        st.spmm(A, torch.randn(K, 3), out_dtype=torch.int8)
+    with pytest.raises(ValueError, match="X must have 64 rows"):
+        st.spmm(A, torch.randn(K + 2, 3))
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        st.sddmm(a, b, A32, scale="x")
+    with pytest.raises(TypeError, match="b has dtype torch.float16 but a is torch.float32"):
+        st.sddmm(a, b.half(), A32)
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        st.sparse_softmax(A, scale="x")
 
 
 def test_float64_runs_the_dense_product_and_no_kernel(monkeypatch):
