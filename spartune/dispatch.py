@@ -17,7 +17,7 @@ import torch
 
 from . import backends, reference
 from .epilogue import apply_prologue
-from .formats import SparseFormat
+from .formats import SparseFormat, values_version
 from .kernels import registry
 from .tune.device import INTERPRETER_DEVICE
 from .tune.problem import MEMORY_POLICIES, Epilogue, Problem
@@ -42,7 +42,7 @@ class Bindings:
         self.tables.append(table)
         return table
 
-    def seen(self, version: int) -> None:
+    def seen(self, version: tuple) -> None:
         if version != self.version:
             for table in self.tables:
                 table.clear()
@@ -263,7 +263,7 @@ def _bound(A0, family, config, bindings: Bindings | None = None):
                None if residual is None else (residual.shape, residual.stride(), residual.dtype,
                                               residual.data_ptr() % 16),
                activation, scale)
-        version = A.values._version
+        version = values_version(A.values)
         if bindings is not None:
             bindings.seen(version)
         hit = bound.get(key)

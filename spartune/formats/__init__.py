@@ -16,6 +16,7 @@ from ._base import (
     memo,
     pointers_from_counts,
     unit_of_items,
+    values_version,
 )
 from .blocked import BlockSparse
 from .csr import CSR
@@ -25,4 +26,4 @@ from .transpose import transposed
 
 __all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "PackedNM", "PackedVNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
            "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "format_class", "memo", "pointers_from_counts",
-           "transposed", "unit_of_items"]
+           "transposed", "unit_of_items", "values_version"]

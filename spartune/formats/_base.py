@@ -156,13 +156,25 @@ def ceil_div(a: int, b: int) -> int:
 PATTERN_CACHES = {"_stats", "_spec"}
 
 
+def values_version(values: torch.Tensor) -> tuple:
+    """What says a format's values changed since a copy was made of them: torch's version counter
+    (in-place updates, an optimizer step) and their address (`param.data = t`, as
+    torch.nn.utils.vector_to_parameters does). Edits through `param.data.mul_(...)` change
+    neither: torch does not count them, so they stay unseen (README, "Inside a PyTorch model")."""
+    try:
+        address = values.data_ptr()
+    except RuntimeError:  # a FakeTensor, while torch.compile traces
+        address = None
+    return values._version, address
+
+
 def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):
     """`make()` memoised on the format object `A` under `key`. A memo built from the values
     (`of_values`, the default: a dense copy, a packed layout) is made again once they change in
     place (an optimizer step, `A.values.mul_`); one of the pattern alone is kept, and carried
     to the same pattern with new values (PATTERN_CACHES). `keep=False`: the memo if there is a
     current one, else `make()` unstored (a step towards another layout need not stay in memory)."""
-    version = A.values._version if of_values else None
+    version = values_version(A.values) if of_values else None
     entry = A.__dict__.get(key)
     if entry is None or entry[0] != version:
         if not keep:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._base import SparseFormat, index_dtype, memo, pointers_from_counts, unit_of_items
+from ._base import SparseFormat, index_dtype, memo, pointers_from_counts, unit_of_items, values_version
 from .blocked import BlockSparse
 from .csr import CSR
 
@@ -27,7 +27,7 @@ def transposed(A: SparseFormat) -> SparseFormat:
     if not isinstance(A, SparseFormat):
         raise TypeError(f"transposed: A must be a spartune format, got {type(A).__name__}")
     own = A.__dict__.get(_OWN)
-    version = A.values._version
+    version = values_version(A.values)
     if own is None:
         first = _PLAN not in A.__dict__
         template, src = memo(A, _PLAN, lambda: _plan(A), of_values=False)

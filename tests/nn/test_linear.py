@@ -34,3 +34,24 @@ def test_bad_inputs():
     fmt = st.CSR.from_dense(torch.eye(4))
     with pytest.raises(ValueError, match="bias must have shape"):
         SparseLinear(fmt, torch.randn(3))
+
+
+@pytest.mark.parametrize("pattern, sparsity", [("csr", 0.9), ("2:4", None), ("block:32", 0.75)])
+def test_values_assigned_through_data_reach_the_next_call(pattern, sparsity):
+    """`vector_to_parameters` assigns `p.data = t`: the copies a tuned call reads (a dense copy,
+    packed layouts) are made again, as after an in-place optimizer step."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    torch.manual_seed(0)
+    layer = SparseLinear.from_linear(nn.Linear(64, 48), pattern, sparsity)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        y0 = layer(x)
+        vector_to_parameters(2 * parameters_to_vector(layer.parameters()), layer.parameters())
+        y1 = layer(x)
+        with_data = x.double() @ layer.weight.to_dense().double().T + layer.bias.double()
+        torch.testing.assert_close(y1.double(), with_data, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(y1, 2 * y0, rtol=1e-4, atol=1e-4)
+        for p in layer.parameters():  # in place under no_grad, as torch.optim does
+            p.mul_(0.5)
+        torch.testing.assert_close(layer(x), y0, rtol=1e-4, atol=1e-4)
