@@ -66,11 +66,13 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"sparsify: tokens must be a positive int, got {tokens!r}")
     plan = _plan(model, pattern, sparsity, filter_fn)
+    _warn_unmatched(pattern, plan)
     again = [n for n, (m, _, _) in plan.items() if isinstance(m, SparseLinear)]
     if again:
         warnings.warn(f"sparsify: {len(again)} layer(s) asked for are already sparse and stay as they are "
                       f"({', '.join(again[:3])}{', ...' if len(again) > 3 else ''}): see their reports", stacklevel=2)
     reports, replacements, made = {}, {}, {}  # made: id(dense weight) -> (name, SparseLinear, bias)
+    missed = []  # layers whose blocks could not meet the sparsity asked
     attention = {}  # MultiheadAttention name -> its SparseMultiheadAttention
     for name, (module, choice, skipped) in plan.items():
         if isinstance(module, SparseLinear):  # asked for, already sparse: said, not silently kept
@@ -108,11 +110,17 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
             except Exception:  # an exception type whose constructor takes other arguments
                 error = RuntimeError(message)
             raise error from e
+        if sp is not None and not tied and abs(fmt_report.sparsity - sp) > SPARSITY_MISS:
+            missed.append(f"{name} ({shape[0]}x{shape[1]}, {pat}): asked {sp:.2f}, got {fmt_report.sparsity:.2f}")
         speedup, backend = dispatch.predicted_speedup(layer.weight, tokens)
         reports[name] = LayerReport(name, shape, fmt_report.pattern, fmt_report.sparsity, fmt_report.retained,
                                     dense_bytes, 0 if tied else layer.weight.nbytes, speedup, backend,
                                     f"tied to {tied[0]}" if tied else "")
         replacements[name] = layer.to(module.weight.device)
+    if missed:
+        warnings.warn(f"sparsify: {len(missed)} layer(s) miss the sparsity asked, their blocks too coarse for their "
+                      f"shape ({'; '.join(missed[:3])}{'; ...' if len(missed) > 3 else ''}): a smaller block or "
+                      "filter_fn to leave them dense", stacklevel=2)
     if dry_run:
         return reports
     _swap_in(model, attention, replacements)
@@ -285,20 +293,47 @@ def _select(name, module, choose, filter_fn, skip):
 
 def _chooser(pattern, sparsity):
     """(name, module) -> (pattern, sparsity) or None, from sparsify's `pattern` argument."""
-    def norm(choice):
+    def norm(choice, per_layer: bool = True):
         if choice is None:
             return None
-        pat, sp = choice if isinstance(choice, tuple) else (choice, sparsity)
-        parse_pattern(pat)  # a bad pattern fails here, before anything is pruned
-        return pat, sp
+        if isinstance(choice, tuple):
+            pat, sp = choice
+            parse_pattern(pat)  # a bad pattern fails here, before anything is pruned
+            return pat, sp
+        # a rule's pattern alone takes the global sparsity, unless the pattern fixes its own (N:M)
+        fixed = parse_pattern(choice).kind in FIXED_SPARSITY
+        return choice, None if fixed and per_layer else sparsity
 
+    if pattern is None:
+        raise TypeError("sparsify: pattern must be a pattern (\"csr\", \"block:64\", \"2:4\", ...), a dict from layer-name "
+                        "globs to patterns, or a callable; got None")
     if callable(pattern):
         return lambda name, m: norm(pattern(name, m))
     if isinstance(pattern, dict):
         rules = [(glob, norm(choice)) for glob, choice in pattern.items()]
         return lambda name, m: next((c for glob, c in rules if fnmatch.fnmatchcase(name, glob)), None)
-    fixed = norm(pattern)
+    fixed = norm(pattern, per_layer=False)
     return lambda name, m: fixed
+
+
+# patterns whose sparsity is fixed by the pattern itself: a global sparsity passes them by in rules
+FIXED_SPARSITY = ("nm", "vnm")
+# |achieved - asked| sparsity above which sparsify warns (block patterns on small layers)
+SPARSITY_MISS = 0.05
+
+
+def _warn_unmatched(pattern, plan: dict) -> None:
+    """Rules that select nothing, and a call that converts nothing, are said, not silent."""
+    names = [n for n in plan if n]
+    if isinstance(pattern, dict):
+        unmatched = [g for g in pattern if not any(fnmatch.fnmatchcase(n, g) for n in names)]
+        if unmatched:
+            example = f" (its layers are named like {names[0]!r})" if names else ""
+            warnings.warn(f"sparsify: no layer matches {unmatched}: globs match whole names{example}", stacklevel=3)
+    if plan and not any(choice is not None and not skipped for _, choice, skipped in plan.values()):
+        reasons = sorted({skipped for _, _, skipped in plan.values() if skipped})
+        why = f": {reasons[0]}" if len(reasons) == 1 else ""
+        warnings.warn(f"sparsify: no layer was converted{why} (see the returned reports)", stacklevel=3)
 
 
 def _get(model, name):

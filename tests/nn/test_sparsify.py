@@ -483,3 +483,39 @@ def test_bad_arguments_are_refused_before_anything_is_pruned():
     with pytest.raises(TypeError, match="must be an nn.Module"):
         sparsify(torch.randn(8, 8), "csr", 0.5)
     assert type(model[0]) is nn.Linear
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+
+
+def test_no_pattern_is_an_error_not_a_no_op():
+    with pytest.raises(TypeError, match="got None"):
+        sparsify(_mlp(), None, 0.9)
+
+
+def test_rules_that_match_nothing_and_a_call_that_converts_nothing_warn():
+    model = _mlp()
+    with pytest.warns(UserWarning, match=r"no layer matches \['\*\.mlp\.\*'\]") as caught:
+        reports = sparsify(model, {"*.mlp.*": ("csr", 0.5)})
+    assert any("no layer was converted" in str(w.message) for w in caught)
+    assert all(r.pattern is None for r in reports.values()) and isinstance(model[0], nn.Linear)
+    with pytest.warns(UserWarning, match="no layer was converted: the model itself is this layer"):
+        sparsify(nn.Linear(8, 8), "csr", 0.5)
+
+
+def test_a_global_sparsity_passes_by_the_patterns_that_fix_their_own():
+    model = _mlp()
+    reports = sparsify(model, {"0": "2:4", "2": "csr"}, 0.75)
+    assert reports["0"].pattern == "2:4" and reports["0"].sparsity == pytest.approx(0.5)
+    assert reports["2"].sparsity == pytest.approx(0.75, abs=0.01)
+    with pytest.raises(ValueError, match="fixes the sparsity"):  # one pattern for all: the contradiction is said
+        sparsify(_mlp(), "2:4", 0.75)
+
+
+def test_blocks_too_coarse_for_a_layer_warn():
+    model = _mlp()
+    with pytest.warns(UserWarning, match=r"miss the sparsity asked.*asked 0.90, got 1.00"):
+        reports = sparsify(model, "block:64", 0.9)
+    assert reports["0"].retained == 0.0  # (what the warning is about: the layer pruned to zeros)
