@@ -961,3 +961,12 @@ def test_a_db_entry_that_todays_space_lacks_is_tuned_again(monkeypatch, tmp_path
     check_close(st.linear(x, A), ref.linear(x, A), torch.float32)
     choice = next(iter(tuner._memo.values()))
     assert choice.backend == "csr" and dc.asdict(choice.config)["block_m"] != 3
+
+
+def test_a_dtype_mismatch_under_autocast_says_what_to_do():
+    """torch.autocast casts a dense layer's output, not a sparse weight: the error says so."""
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="torch.autocast does not cast"):
+        st.linear(x32.bfloat16(), A32)
+    with pytest.raises(TypeError) as outside:
+        st.linear(x32.bfloat16(), A32)
+    assert "autocast" not in str(outside.value)
