@@ -363,10 +363,15 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
            input_bias=None, input_activation=None):
     """act(scale * x @ A^T + bias) + residual for x of shape (..., K): torch's F.linear layout.
 
+    x has A's dtype and device. bias: (M,); activation: None, "relu", "gelu", "gelu_tanh" or
+    "silu"; residual: exactly x's leading shape by M (no broadcasting); out_dtype: float16,
+    bfloat16 or float32 (float64 only for a float64 A), default A's dtype. A 2-D x whose tokens
+    are contiguous (x = X.T) gives an out of that layout too where the tuned kernel writes it.
     fp16/bf16 inputs accumulate in fp32; fp32 inputs run on the tensor cores as tf32; float64
     runs torch's dense product. Differentiable in x, A's values, bias and residual (the
     pattern stays fixed), and traceable by torch.compile. With `input_bias`, x is first taken
     as input_activation(x + input_bias) (ops.linear; unfused where autograd records).
+    Bad input raises before any kernel runs, on either route.
     """
     grad = _records(x, getattr(A, "values", None), bias, residual, input_bias)
     if not grad and not torch.compiler.is_compiling():

@@ -51,6 +51,9 @@ class _SparsePointwise(nn.Module):
 
     def __init__(self, weight: SparseFormat, bias: torch.Tensor | None = None, *, activation: str | None = None,
                  requires_grad: bool = False):
+        """A pointwise convolution around a sparse (out_channels, in_channels) weight, an optional
+        bias and a fused activation (None, "relu", "gelu", "gelu_tanh", "silu");
+        `requires_grad` as SparseLinear's (False by default; from_conv follows the convolution)."""
         super().__init__()
         if activation not in ACTIVATION_CODES:
             raise ValueError(f"activation must be one of {list(ACTIVATION_CODES)}, got {activation!r}")
@@ -89,6 +92,8 @@ class _SparsePointwise(nn.Module):
         return (layer, report) if return_report else layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution's output for x of shape (batch, channels, *spatial) or unbatched
+        (channels, *spatial); a channels-last x runs as one SpMM over its pixels, no copy."""
         if x.dim() == self.DIMS + 1 and x.shape[0] == self.in_channels:  # unbatched, as the convolution takes it
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if x.dim() != self.DIMS + 2 or x.shape[1] != self.in_channels:

@@ -51,6 +51,10 @@ class SparseLinear(nn.Module):
     """
 
     def __init__(self, weight: SparseFormat, bias: torch.Tensor | None = None, *, requires_grad: bool = False):
+        """A layer around a sparse weight (spartune.sparsify_weight's format) and an optional (M,)
+        bias. `requires_grad`: whether the weight's values (and the bias) train; False by default,
+        unlike nn.Linear, since a layer built this way usually serves inference (from_linear
+        follows the dense layer's own setting)."""
         super().__init__()
         if not isinstance(weight, SparseFormat):
             raise TypeError(f"weight must be a spartune format, got {type(weight).__name__}")

@@ -52,8 +52,14 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
     (skipped ones, depthwise and spatial convolutions among them, say why).
 
     `pattern`: one pattern for all ("block:64", "csr", "2:4", ...); or a dict from layer-name
-    globs ("*.mlp.*") to a pattern or (pattern, sparsity), first match wins, unmatched layers
-    stay dense; or a callable (name, module) -> pattern, (pattern, sparsity) or None.
+    globs ("*.mlp.*", matched against the whole name as `model.named_modules()` gives it) to a
+    pattern or (pattern, sparsity), first match wins, unmatched layers stay dense; or a callable
+    (name, module) -> pattern, (pattern, sparsity) or None.
+    `sparsity`: the fraction of zeros (0.9 keeps a tenth; the CLI's --density is the fraction
+    kept), for every pattern that takes one; N:M and V:N:M fix their own (2:4: 0.5), so with one
+    such pattern for all leave it None, and in rules a global sparsity passes them by. Rules that
+    match no layer, a call that converts none, and layers whose blocks cannot meet the sparsity
+    asked (block:64 on a 64 x 64 layer) warn.
     `filter_fn(name, module)` picks layers further. `dry_run=True` changes nothing and reports
     what would happen, with the cost model's predicted speedup at `tokens` tokens and the
     memory of each layer. A layer that fails to convert raises, naming it, and leaves the model
