@@ -160,8 +160,10 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
            fp16_reduction_allowed(dtype))
     launch = st.launchers.get(key) or dispatch.tune_linear(A, st, key, x2, out, bias, activation, res2, scale,
                                                            prologue)
-    out = launch(A, x2, out, bias, activation, res2, scale, prologue)
-    return out if flat else out.reshape(*x.shape[:-1], M)
+    got = launch(A, x2, out, bias, activation, res2, scale, prologue)
+    if got is not out and out.stride(0) == 1 and got.stride() != out.stride():  # a library's own row-major result
+        got = out.copy_(got)
+    return got if flat else got.reshape(*x.shape[:-1], M)
 
 
 def spmm(A, X, *, out_dtype=None):

@@ -253,7 +253,8 @@ def test_linear_strided_x(monkeypatch, kind, which, layout):
     check_close(y, ref.linear(x, A, residual=res), torch.float32)
 
 
-@pytest.mark.parametrize("kind,which", [("shfl", "ours"), ("block", "ours"), ("csr", "ours"), ("block", "dense")])
+@pytest.mark.parametrize("kind,which", [("shfl", "ours"), ("block", "ours"), ("csr", "ours"), ("block", "dense"),
+                                        ("csr", "dense")])
 def test_tokens_contiguous_layout_passes_from_layer_to_layer(monkeypatch, kind, which):
     """x = X.T of a (K, N) matrix gives out = Y.T of an (M, N) one, so a second layer reads the
     first one's output in the layout Shfl-BW gathers whole rows from; the values are F.linear's."""
@@ -262,10 +263,12 @@ def test_tokens_contiguous_layout_passes_from_layer_to_layer(monkeypatch, kind, 
     x = torch.randn(K, 6, generator=_gen(40)).T
     h = st.linear(x, A1, activation="relu")
     check_close(h, ref.linear(x, A1, activation="relu"), torch.float32)
-    if which == "ours":  # a library backend may return its own (contiguous) tensor
-        assert h.stride() == (1, 6)
+    assert h.stride() == (1, 6)  # dense too (cuBLAS writes Y = W X into out's memory)
     y = st.linear(h, A2)
     check_close(y, ref.linear(h, A2), torch.float32)
+    assert y.stride() == (1, 6)
+    yb = st.linear(h, A2, torch.randn(48, generator=_gen(41)))
+    assert yb.stride() == (1, 6)
     assert st.linear(x[:1], A1).is_contiguous()  # one token: the usual layout
 
 

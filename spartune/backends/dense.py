@@ -41,6 +41,13 @@ def dense_linear(A, x, out, *, bias=None, activation=None, residual=None, scale=
     w = dense_weight(A) if keep else decompress(A)
     plain = scale == 1.0 and out.dtype == x.dtype
     b = None if bias is None else bias.to(w.dtype)
+    if plain and x.dim() == 2 and out.shape[0] > 1 and out.stride(0) == 1 and out.stride(1) != 1:
+        # x = X.T and out = Y.T (ops.linear keeps that layout): Y = W X straight into out's memory
+        if b is None:
+            torch.mm(w, x.T, out=out.T)
+        else:
+            torch.addmm(b[:, None], w, x.T, out=out.T)
+        return _common.activate_and_add_(out, activation, residual)
     if plain and activation is None and residual is None:
         return F.linear(x, w, b)
     if plain and activation is None and b is None and x.dim() == 2 and residual.dtype == x.dtype:
