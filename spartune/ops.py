@@ -38,9 +38,8 @@ def check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if dtype is not None and t.dtype != dtype:
-        hint = " (torch.autocast does not cast spartune's weights: convert the model to one dtype first, " \
-            "e.g. model.to(torch.bfloat16), or run this layer outside autocast)" \
-            if torch.is_autocast_enabled(t.device.type) else ""
+        hint = " (torch.autocast does not cast the format given to spartune.linear: convert it, " \
+            "A.to(x.dtype), or use SparseLinear, which follows autocast)" if torch.is_autocast_enabled(t.device.type) else ""
         raise TypeError(f"{name} has dtype {t.dtype} but the weight is {dtype}: convert one of them{hint}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device} but the weight is on {device}: move one of them (A.to(device))")

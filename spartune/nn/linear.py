@@ -10,11 +10,19 @@ import torch
 from torch import nn
 
 from .. import library, ops
-from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class
+from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class, memo
 from ..formats.nm import _TileOrder
 from ..prune import sparsify_weight
 
 _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype torch.autocast runs a linear layer in for x, or None outside autocast (float64
+    and non-float inputs are left as they are, as autocast leaves them)."""
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not torch.is_autocast_enabled(x.device.type):
+        return None
+    return torch.get_autocast_dtype(x.device.type)
 
 
 PACKED_PADDING_MAX = 1.25  # stored values of a packed weight per kept value, past which it stays canonical
@@ -160,13 +168,38 @@ class SparseLinear(nn.Module):
 
     # --- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, activation: str | None = None) -> torch.Tensor:
-        """x @ W^T + b, with `activation` applied in the kernels' epilogue (the pointwise convolutions')."""
+        """x @ W^T + b, with `activation` applied in the kernels' epilogue (the pointwise convolutions').
+        Under torch.autocast, in the autocast dtype as nn.Linear (`_forward_autocast`)."""
+        cast = _autocast_dtype(x)
+        if cast is not None and (x.dtype != cast or self._weight.dtype != cast):
+            return self._forward_autocast(x, activation, cast)
         bias = self.bias
-        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
-                x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):
+        if self._records(x):
             # the operator, over the module's own tensors (what torch.compile lifts as inputs)
             return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias, activation)
         return ops.linear(x, self._weight, bias, activation)
+
+    def _records(self, x: torch.Tensor) -> bool:
+        """Whether the call goes through the operator: torch.compile traces it or autograd records."""
+        bias = self.bias
+        return torch.compiler.is_compiling() or torch.is_grad_enabled() and (
+            x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad))
+
+    def _forward_autocast(self, x: torch.Tensor, activation, cast: torch.dtype) -> torch.Tensor:
+        """nn.Linear's behaviour under torch.autocast: the result in the autocast dtype. Inference
+        runs on a copy of the weight in that dtype, kept on the format and made again once its
+        values change (as autocast's own weight cache, at the copy's memory); where autograd
+        records or torch.compile traces, the layer runs in its weight's dtype (x cast to it,
+        the gradient reaching the weight's own values) and the result is cast."""
+        with torch.autocast(x.device.type, enabled=False):
+            weight = self._weight
+            if weight.dtype == cast:
+                return self.forward(x.to(cast), activation=activation)
+            if self._records(x):
+                return self.forward(x.to(weight.dtype), activation=activation).to(cast)
+            low = memo(weight, f"_autocast_{cast}", lambda: weight._with_values_trusted(weight.values.to(cast)))
+            bias = None if self.bias is None else self.bias.to(cast)
+            return ops.linear(x.to(cast), low, bias, activation)
 
     # --- state ---------------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:

@@ -232,3 +232,16 @@ def test_operator_output_is_contiguous_as_its_fake_promises(monkeypatch):
     torch.testing.assert_close(y, x @ A.to_dense().T, **TOL)
     compiled = torch.compile(lambda x: st.linear(x, A), backend="inductor", fullgraph=True)
     torch.testing.assert_close(compiled(x), x @ A.to_dense().T, **TOL)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_autocast_compiles_to_one_graph_and_matches_eager(grad):
+    """Under torch.autocast the compiled model returns what eager does (the autocast dtype)."""
+    model = _mlp("csr", 0.5, requires_grad=grad)
+    x = torch.randn(6, 32)
+    counter = _counter()
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.float16):
+        eager = model(x)
+        got = torch.compile(model, backend=counter, fullgraph=True)(x)
+    assert got.dtype == eager.dtype == torch.float16 and _one_graph(counter)
+    torch.testing.assert_close(got.float(), eager.float(), atol=2e-3, rtol=2e-3)

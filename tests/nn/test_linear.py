@@ -55,3 +55,47 @@ def test_values_assigned_through_data_reach_the_next_call(pattern, sparsity):
         for p in layer.parameters():  # in place under no_grad, as torch.optim does
             p.mul_(0.5)
         torch.testing.assert_close(layer(x), y0, rtol=1e-4, atol=1e-4)
+
+
+def _autocast_pair(pattern="csr", sparsity=0.75, requires_grad=False):
+    torch.manual_seed(3)
+    dense = nn.Linear(64, 48)
+    layer = SparseLinear.from_linear(dense, pattern, sparsity)
+    layer.requires_grad_(requires_grad)
+    with torch.no_grad():
+        dense.weight.copy_(layer.weight.to_dense())
+    return dense, layer
+
+
+@pytest.mark.parametrize("pattern, sparsity", [("csr", 0.75), ("block:16", 0.5)])
+def test_autocast_runs_as_nn_linear_does(pattern, sparsity):
+    """Under torch.autocast a float32 layer returns the autocast dtype, as nn.Linear: inference on
+    a low-precision copy of the weight, made again after the values change."""
+    dense, layer = _autocast_pair(pattern, sparsity)
+    x = torch.randn(5, 64)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        y, want = layer(x), dense(x)
+        assert y.dtype == want.dtype == torch.float16
+        torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+        copy = layer.weight.__dict__["_autocast_torch.float16"][1]
+        assert layer(x).dtype == torch.float16 and layer.weight.__dict__["_autocast_torch.float16"][1] is copy
+        layer.weight_values.mul_(2)  # an optimizer step: the copy follows
+        torch.testing.assert_close(layer(x).float(), 2 * want.float() - dense.bias.float(), rtol=3e-2, atol=3e-2)
+    assert layer.weight.dtype == torch.float32 and layer(x).dtype == torch.float32  # outside: as before
+
+
+def test_autocast_with_autograd_reaches_the_float32_values():
+    dense, layer = _autocast_pair(requires_grad=True)
+    x = torch.randn(5, 64)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = layer(x)
+        assert y.dtype == torch.float16
+    y.float().square().sum().backward()
+    assert layer.weight_values.grad.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):
+        want = dense(x)
+    want.float().square().sum().backward()
+    torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+    grad = layer.weight.with_values(layer.weight_values.grad).to_dense()
+    mask = layer.weight.to_dense() != 0
+    torch.testing.assert_close(grad[mask], dense.weight.grad[mask], rtol=3e-2, atol=3e-2)
