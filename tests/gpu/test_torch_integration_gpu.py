@@ -214,3 +214,28 @@ def test_a_checkpoint_loaded_on_the_cpu_into_a_fresh_gpu_model(pattern, sparsity
     with torch.no_grad():
         x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
         assert rel_err(fresh(x), reference(model, x)) < TOL
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern,sparsity", [("csr", 0.9), ("2:4", None), ("block:64", 0.9)])
+def test_autocast_on_a_float32_model(pattern, sparsity, dtype):
+    """A float32 model under torch.autocast: the sparse layers return the autocast dtype and
+    agree with the pruned dense model under the same autocast, eager inference and a training step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+    st.sparsify(model, pattern, sparsity, filter_fn=lambda name, _: name == "2")
+    dense = nn.Sequential(model[0], model[1], nn.Linear(1024, 256).cuda())
+    with torch.no_grad():
+        dense[2].weight.copy_(model[2].weight.to_dense())
+        dense[2].bias.copy_(model[2].bias)
+    x = torch.randn(16, 512, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        got, want = model(x), dense(x)
+    assert got.dtype == want.dtype == dtype
+    assert rel_err(got.float(), want.float()) < 2e-2
+    model[2].requires_grad_(True)
+    with torch.autocast("cuda", dtype=dtype):
+        y = model(x)
+    y.float().square().mean().backward()
+    assert y.dtype == dtype and model[2].weight_values.grad is not None
+    assert model[2].weight_values.grad.dtype == torch.float32 and torch.isfinite(model[2].weight_values.grad).all()
