@@ -17,7 +17,7 @@ import torch
 
 from . import backends, reference
 from .epilogue import apply_prologue
-from .formats import SparseFormat, values_version
+from .formats import SparseFormat, values_anchor, values_version
 from .kernels import registry
 from .tune.device import INTERPRETER_DEVICE
 from .tune.problem import MEMORY_POLICIES, Epilogue, Problem
@@ -271,7 +271,7 @@ def _bound(A0, family, config, bindings: Bindings | None = None):
             if len(bound) >= _BOUND_LAYOUTS:
                 bound.clear()
             hit = bound[key] = (version, bind(A, x, out, config, bias=bias, activation=activation,
-                                              residual=residual, scale=scale))
+                                              residual=residual, scale=scale), values_anchor(A.values))
         return hit[1](x, out, bias, residual)
 
     return run

@@ -16,6 +16,7 @@ from ._base import (
     memo,
     pointers_from_counts,
     unit_of_items,
+    values_anchor,
     values_version,
 )
 from .blocked import BlockSparse
@@ -26,4 +27,4 @@ from .transpose import transposed
 
 __all__ = ["CSR", "BlockSparse", "ShuffledBlock", "NM", "VNM", "PackedNM", "PackedVNM", "SparseFormat", "FormatStats", "BLOCK_SIZES",
            "PATTERN_CACHES", "ceil_div", "check_block_size", "check_dense_weight", "format_class", "memo", "pointers_from_counts",
-           "transposed", "unit_of_items", "values_version"]
+           "transposed", "unit_of_items", "values_anchor", "values_version"]

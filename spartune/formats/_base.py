@@ -168,6 +168,29 @@ def values_version(values: torch.Tensor) -> tuple:
     return values._version, address
 
 
+class _Anchor:
+    """A storage held alive, and dropped by pickle and deepcopy (a copy of the format has its
+    own values: nothing of the original's to hold)."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, storage=None):
+        self.storage = storage
+
+    def __reduce__(self):
+        return _Anchor, ()
+
+
+def values_anchor(values: torch.Tensor) -> _Anchor:
+    """Kept beside a copy keyed by values_version: the values' storage, held so that no later
+    tensor takes their address while the copy stands (`p.data = t1`, a call, then `p.data = t2;
+    p.data = t3` could give t3 t1's address and version 0: the old key would match)."""
+    try:
+        return _Anchor(values.untyped_storage())
+    except (RuntimeError, NotImplementedError):  # a FakeTensor
+        return _Anchor()
+
+
 def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):
     """`make()` memoised on the format object `A` under `key`. A memo built from the values
     (`of_values`, the default: a dense copy, a packed layout) is made again once they change in
@@ -183,7 +206,7 @@ def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):
         if not of_values:
             PATTERN_CACHES.add(key)
         with torch.no_grad():  # a memo is a copy for the kernels, never part of an autograd graph
-            entry = (version, make())
+            entry = (version, make(), values_anchor(A.values) if of_values else None)
         object.__setattr__(A, key, entry)
     return entry[1]
 

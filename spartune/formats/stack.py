@@ -70,8 +70,10 @@ def stacked(parts: Sequence[SparseFormat], biases: Sequence[torch.Tensor] = (), 
     entry = group.get(tuple(map(id, parts)))
     if entry is None or entry[0] != key:
         def make():
-            with torch.no_grad():
-                return key, (stack_rows(parts), torch.cat(list(biases)) if biases else None)
+            with torch.no_grad():  # (the parts' storages held: no later tensor takes their addresses)
+                anchors = [t.untyped_storage() for p in parts for t in (p.values, p.col, p.crow)] + [
+                    b.untyped_storage() for b in biases]
+                return key, (stack_rows(parts), torch.cat(list(biases)) if biases else None), anchors
 
         entry = group[tuple(map(id, parts))] = build(make)
     return entry[1]

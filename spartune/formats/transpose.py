@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._base import SparseFormat, index_dtype, memo, pointers_from_counts, unit_of_items, values_version
+from ._base import SparseFormat, index_dtype, memo, pointers_from_counts, unit_of_items, values_anchor, values_version
 from .blocked import BlockSparse
 from .csr import CSR
 
@@ -34,11 +34,11 @@ def transposed(A: SparseFormat) -> SparseFormat:
         # The object that built the plan takes its template (no values held twice); others of
         # the same pattern (new values from _with_values_trusted) get the template's pattern.
         T = template if first else template._with_values_trusted(_values(A, src))
-        own = [version, T, src]
+        own = [version, T, src, values_anchor(A.values)]
         object.__setattr__(A, _OWN, own)
     elif own[0] != version:
         own[1].values.copy_(_values(A, own[2]))
-        own[0] = version
+        own[0], own[3] = version, values_anchor(A.values)
     return own[1]
 
 

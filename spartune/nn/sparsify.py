@@ -116,7 +116,8 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
             except Exception:  # an exception type whose constructor takes other arguments
                 error = RuntimeError(message)
             raise error from e
-        if sp is not None and not tied and abs(fmt_report.sparsity - sp) > SPARSITY_MISS:
+        if sp is not None and not tied and parse_pattern(pat).kind not in FIXED_SPARSITY \
+                and abs(fmt_report.sparsity - sp) > SPARSITY_MISS:
             missed.append(f"{name} ({shape[0]}x{shape[1]}, {pat}): asked {sp:.2f}, got {fmt_report.sparsity:.2f}")
         speedup, backend = dispatch.predicted_speedup(layer.weight, tokens)
         reports[name] = LayerReport(name, shape, fmt_report.pattern, fmt_report.sparsity, fmt_report.retained,
@@ -336,7 +337,8 @@ def _warn_unmatched(pattern, plan: dict) -> None:
         if unmatched:
             example = f" (its layers are named like {names[0]!r})" if names else ""
             warnings.warn(f"sparsify: no layer matches {unmatched}: globs match whole names{example}", stacklevel=3)
-    if plan and not any(choice is not None and not skipped for _, choice, skipped in plan.values()):
+    if plan and not any(choice is not None and not skipped for _, choice, skipped in plan.values()) \
+            and not all(isinstance(m, SparseLinear) for m, _, _ in plan.values()):  # (said already: "already sparse")
         reasons = sorted({skipped for _, _, skipped in plan.values() if skipped})
         why = f": {reasons[0]}" if len(reasons) == 1 else ""
         warnings.warn(f"sparsify: no layer was converted{why} (see the returned reports)", stacklevel=3)

@@ -99,3 +99,42 @@ def test_autocast_with_autograd_reaches_the_float32_values():
     grad = layer.weight.with_values(layer.weight_values.grad).to_dense()
     mask = layer.weight.to_dense() != 0
     torch.testing.assert_close(grad[mask], dense.weight.grad[mask], rtol=3e-2, atol=3e-2)
+
+
+def test_a_copy_holds_its_values_address_so_a_new_tensor_cannot_take_it():
+    """`p.data = t1`, a call, then `p.data = t2; p.data = t3` with no call between: t3 cannot sit
+    at t1's address (the copy made from t1 holds its storage), so the copy is made again."""
+    from spartune.backends.dense import dense_linear
+
+    torch.manual_seed(0)
+    layer = SparseLinear.from_linear(nn.Linear(64, 32, bias=False), "csr", 0.5)
+    p, x = layer.weight_values, torch.randn(3, 64)
+    with torch.no_grad():
+        for call in (lambda: layer(x), lambda: dense_linear(layer.weight, x, torch.empty(3, 32))):
+            p.data = torch.randn(p.shape)
+            first = p.data_ptr()
+            call()
+            p.data = torch.randn(p.shape)
+            p.data = 100 * torch.randn(p.shape)
+            assert p.data_ptr() != first
+            torch.testing.assert_close(call(), x @ layer.weight.to_dense().T, rtol=1e-4, atol=1e-3)
+
+
+def test_autocast_runs_a_subclass_forward_once_and_meta_tensors_pass_by():
+    class Doubled(SparseLinear):
+        calls = 0
+
+        def forward(self, x, **kw):
+            Doubled.calls += 1
+            return 2 * super().forward(x, **kw)
+
+    _, layer = _autocast_pair()
+    layer.__class__ = Doubled
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        plain = layer(x)
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert Doubled.calls == 1 and layer(x).dtype == torch.float16 and Doubled.calls == 2
+            torch.testing.assert_close(layer(x).float(), plain, rtol=2e-2, atol=2e-2)
+    meta = SparseLinear.from_linear(nn.Linear(64, 48), "csr", 0.5).to("meta")
+    assert meta(torch.empty(4, 64, device="meta")).shape == (4, 48)
