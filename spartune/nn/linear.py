@@ -201,14 +201,16 @@ class SparseLinear(nn.Module):
         runs on a copy of the weight in that dtype, kept on the format and made again once its
         values change (as autocast's own weight cache, at the copy's memory); where autograd
         records or torch.compile traces, the layer runs in its weight's dtype (x cast to it,
-        the gradient reaching the weight's own values) and the result is cast."""
+        the gradient reaching the weight's own values) and the result is cast. Under the lean
+        memory policy the copy is made per call and not kept."""
         with torch.autocast(x.device.type, enabled=False):
             weight = self._weight
             if weight.dtype == cast:
                 return self._forward(x.to(cast), activation)
             if self._records(x):
                 return self._forward(x.to(weight.dtype), activation).to(cast)
-            low = memo(weight, f"_autocast_{cast}", lambda: weight._with_values_trusted(weight.values.to(cast)))
+            low = memo(weight, f"_autocast_{cast}", lambda: weight._with_values_trusted(weight.values.to(cast)),
+                       keep=ops.memory_policy() != "lean")  # (lean: cast per call, no copy kept)
             bias = None if self.bias is None else self.bias.to(cast)
             return ops.linear(x.to(cast), low, bias, activation)
 

@@ -138,3 +138,15 @@ def test_autocast_runs_a_subclass_forward_once_and_meta_tensors_pass_by():
             torch.testing.assert_close(layer(x).float(), plain, rtol=2e-2, atol=2e-2)
     meta = SparseLinear.from_linear(nn.Linear(64, 48), "csr", 0.5).to("meta")
     assert meta(torch.empty(4, 64, device="meta")).shape == (4, 48)
+
+
+def test_autocast_keeps_no_copy_under_the_lean_memory_policy():
+    _, layer = _autocast_pair()
+    x = torch.randn(5, 64)
+    st.set_memory_policy("lean")
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            y = layer(x)
+    finally:
+        st.set_memory_policy("speed")
+    assert y.dtype == torch.float16 and "_autocast_torch.float16" not in layer.weight.__dict__
