@@ -143,10 +143,11 @@ def test_autocast_runs_a_subclass_forward_once_and_meta_tensors_pass_by():
 def test_autocast_keeps_no_copy_under_the_lean_memory_policy():
     _, layer = _autocast_pair()
     x = torch.randn(5, 64)
+    before = st.memory_policy()
     st.set_memory_policy("lean")
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
             y = layer(x)
     finally:
-        st.set_memory_policy("speed")
+        st.set_memory_policy(before)
     assert y.dtype == torch.float16 and "_autocast_torch.float16" not in layer.weight.__dict__
