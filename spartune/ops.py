@@ -141,8 +141,14 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     if type(x) is not torch.Tensor or x.dim() == 0 or x.shape[-1] != K or x.dtype != dtype or x.device != device \
             or x.layout != torch.strided:
         check_tensor("x", x, dtype=dtype, device=device, last=K)  # raises the precise error
-    bias, scale, prologue = check_linear_args(x, dtype, device, M, K, bias, activation, residual, scale, out_dtype,
-                                              input_bias, input_activation)
+    prologue = None
+    if residual is not None or activation is not None or out_dtype is not None or scale != 1.0 \
+            or type(scale) is not float or input_bias is not None or input_activation is not None or not (
+                bias is None or isinstance(bias, torch.Tensor) and bias.dtype == dtype and bias.device == device
+                and bias.shape == (M,) and bias.layout == torch.strided and bias.stride(0) == 1):
+        # (the common calls, no epilogue or a bias as the kernels read it, pass by: the host's hot path)
+        bias, scale, prologue = check_linear_args(x, dtype, device, M, K, bias, activation, residual, scale,
+                                                  out_dtype, input_bias, input_activation)
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, K)  # a view whenever the leading dims allow one
     n = x2.shape[0]

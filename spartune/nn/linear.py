@@ -184,8 +184,10 @@ class SparseLinear(nn.Module):
         return self._forward(x, activation)
 
     def _forward(self, x: torch.Tensor, activation) -> torch.Tensor:
+        """forward outside autocast (called by _forward_autocast too: a subclass's forward runs once)."""
         bias = self.bias
-        if self._records(x):
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (  # (_records, inline: the hot path)
+                x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):
             # the operator, over the module's own tensors (what torch.compile lifts as inputs)
             return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias, activation)
         return ops.linear(x, self._weight, bias, activation)
