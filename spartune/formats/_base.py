@@ -154,6 +154,7 @@ def ceil_div(a: int, b: int) -> int:
 # Attributes memoised on a format object that depend on its pattern only, never on its values
 # (stats(); kernels register theirs, e.g. the CSR bitmap): kept by _with_values_trusted.
 PATTERN_CACHES = {"_stats", "_spec"}
+_STATE_CACHES = frozenset(PATTERN_CACHES)  # what a pickle or deep copy of a format carries beside its fields
 
 
 def values_version(values: torch.Tensor) -> tuple:
@@ -259,6 +260,13 @@ class SparseFormat:
     def _canonicalize(self) -> None:
         """Bring tensors given in an older layout to the current one, before any check (a format
         constructed, rebuilt from its spec, or unpickled). Most formats have had one layout."""
+
+    def __getstate__(self):
+        """The format's own fields (and its spec and stats): the copies memoised on it for the
+        kernels (a dense copy, packed layouts, launch caches) stay behind, made again where the
+        copy runs. torch.save(model) and copy.deepcopy then hold the weight once."""
+        keep = _STATE_CACHES | {f.name for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.__dict__.items() if k in keep}
 
     def __setstate__(self, state):
         self.__dict__.update(state)

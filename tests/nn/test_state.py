@@ -541,3 +541,31 @@ def test_a_pickle_with_positions_one_a_byte_still_loads():
     loaded = pickle.loads(pickle.dumps(source))
     assert loaded.weight_idx.shape[1] == -(-legacy.shape[1] // 4) and loaded.weight.idx is loaded.weight_idx
     torch.testing.assert_close(loaded(x), expected)
+
+
+def test_a_pickled_or_copied_model_holds_its_weights_once():
+    """torch.save(model) and copy.deepcopy leave the kernels' copies (a dense copy, layouts) behind:
+    the file is the size of a fresh sparsified model's, and the copy computes what the model did."""
+    import copy
+    import dataclasses
+    import io
+
+    def saved_bytes(model):
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        return len(buf.getvalue())
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 64))
+    sparsify(model, "csr", 0.9)
+    fresh = saved_bytes(model)
+    x = torch.randn(5, 128)
+    with torch.no_grad():
+        y = model(x)
+        model(torch.randn(64, 128))  # another call shape: more copies memoised
+    assert saved_bytes(model) < 1.1 * fresh
+    twin = copy.deepcopy(model)
+    w = twin[0].weight
+    assert set(w.__dict__) <= {f.name for f in dataclasses.fields(w)} | {"_spec", "_stats"}
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), y)
