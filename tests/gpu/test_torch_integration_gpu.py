@@ -239,3 +239,26 @@ def test_autocast_on_a_float32_model(pattern, sparsity, dtype):
     y.float().square().mean().backward()
     assert y.dtype == dtype and model[2].weight_values.grad is not None
     assert model[2].weight_values.grad.dtype == torch.float32 and torch.isfinite(model[2].weight_values.grad).all()
+
+
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+def test_a_model_saved_whole_after_calls_loads_and_computes_the_same(pattern, sparsity):
+    """torch.save(model) after tuned calls (packed layouts, launch caches memoised on the formats)
+    holds the weights once; the loaded model and a deep copy compute what the model did."""
+    import copy
+    import io
+
+    model = sparse_model(pattern, sparsity, torch.float16)
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.float16)
+    fresh = io.BytesIO()
+    torch.save(model, fresh)
+    with torch.no_grad():
+        y = model(x)
+        model(x[:1, :1])  # a decode-sized call too
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    assert len(buf.getvalue()) < 1.1 * len(fresh.getvalue())
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        assert rel_err(loaded(x), y) < 1e-3 and rel_err(copy.deepcopy(model)(x), y) < 1e-3
