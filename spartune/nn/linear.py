@@ -186,15 +186,13 @@ class SparseLinear(nn.Module):
     def _forward(self, x: torch.Tensor, activation) -> torch.Tensor:
         """forward outside autocast (called by _forward_autocast too: a subclass's forward runs once)."""
         bias = self.bias
-        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (  # (_records, inline: the hot path)
-                x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad)):
+        if self._records(x, bias):
             # the operator, over the module's own tensors (what torch.compile lifts as inputs)
             return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias, activation)
         return ops.linear(x, self._weight, bias, activation)
 
-    def _records(self, x: torch.Tensor) -> bool:
+    def _records(self, x: torch.Tensor, bias) -> bool:
         """Whether the call goes through the operator: torch.compile traces it or autograd records."""
-        bias = self.bias
         return torch.compiler.is_compiling() or torch.is_grad_enabled() and (
             x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad))
 
@@ -209,7 +207,7 @@ class SparseLinear(nn.Module):
             weight = self._weight
             if weight.dtype == cast:
                 return self._forward(x.to(cast), activation)
-            if self._records(x):
+            if self._records(x, self.bias):
                 return self._forward(x.to(weight.dtype), activation).to(cast)
             low = memo(weight, f"_autocast_{cast}", lambda: weight._with_values_trusted(weight.values.to(cast)),
                        keep=ops.memory_policy() != "lean")  # (lean: cast per call, no copy kept)
