@@ -413,10 +413,7 @@ def spmm(A, X, *, out_dtype=None):
     if not _records(X, getattr(A, "values", None)) and not torch.compiler.is_compiling():
         return ops.spmm(A, X, out_dtype=out_dtype)
     _check_format("spmm", A, ("X", X))
-    ops.check_tensor("X", X, dtype=A.dtype, device=A.device, dim=2)
-    if X.shape[0] != A.shape[1]:
-        raise ValueError(f"X must have {A.shape[1]} rows (A is {A.shape[0]}x{A.shape[1]}), got shape {tuple(X.shape)}")
-    ops.check_out_dtype(out_dtype, A.dtype)
+    ops.check_spmm(A, X, out_dtype)
     return _spmm(A.tensor_list(), A.spec, X, out_dtype)
 
 
@@ -436,6 +433,5 @@ def sparse_softmax(A, *, scale: float = 1.0):
     values, traceable."""
     if not _records(getattr(A, "values", None)) and not torch.compiler.is_compiling():
         return ops.sparse_softmax(A, scale=scale)
-    if not isinstance(A, (CSR, BlockSparse)):
-        raise TypeError(f"sparse_softmax: A must be CSR or BlockSparse, got {type(A).__name__}")
+    ops.check_pattern("sparse_softmax", "A", A)
     return A._with_values_trusted(_sparse_softmax(A.tensor_list(), A.spec, ops.check_scale(scale)))

@@ -32,6 +32,21 @@ def _format_check(op: str, name: str = "A"):
 _CHECKS = {op: _format_check(op) for op in ("linear", "spmm", "prepare")}
 
 
+# whether any torch.autocast region is on: one C call, so a call outside autocast pays ~0.1 us
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_AUTOCAST_DEVICES = ("cuda", "cpu", "xpu", "mps")  # (torch.is_autocast_enabled raises on others: meta)
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype torch.autocast runs a linear layer in for x, or None outside autocast (float64
+    and non-float inputs are left as they are, as autocast leaves them)."""
+    device = x.device.type
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or device not in _AUTOCAST_DEVICES \
+            or not torch.is_autocast_enabled(device):
+        return None
+    return torch.get_autocast_dtype(device)
+
+
 def check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -39,7 +54,7 @@ def check_tensor(name, t, *, dtype=None, device=None, dim=None, last=None):
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if dtype is not None and t.dtype != dtype:
         hint = " (torch.autocast does not cast the format given to spartune.linear: convert it, " \
-            "A.to(x.dtype), or use SparseLinear, which follows autocast)" if torch.is_autocast_enabled(t.device.type) else ""
+            "A.to(x.dtype), or use SparseLinear, which follows autocast)" if autocast_dtype(t) is not None else ""
         raise TypeError(f"{name} has dtype {t.dtype} but the weight is {dtype}: convert one of them{hint}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device} but the weight is on {device}: move one of them (A.to(device))")
@@ -108,10 +123,24 @@ def check_linear_args(x, dtype, device, M: int, K: int, bias, activation, residu
     return bias, scale, prologue
 
 
+def check_pattern(op: str, name: str, A) -> None:
+    """sddmm's and sparse_softmax's sparsity pattern, for both routes."""
+    if not isinstance(A, (CSR, BlockSparse)):
+        raise TypeError(f"{op}: {name} must be CSR or BlockSparse, got {type(A).__name__}")
+
+
+def check_spmm(A, X, out_dtype) -> None:
+    """spmm's X and out_dtype, for both routes."""
+    M, K = A.shape
+    check_tensor("X", X, dtype=A.dtype, device=A.device, dim=2)
+    if X.shape[0] != K:
+        raise ValueError(f"X must have {K} rows (A is {M}x{K}), got shape {tuple(X.shape)}")
+    check_out_dtype(out_dtype, A.dtype)
+
+
 def check_sddmm(a, b, pattern) -> None:
     """sddmm's operands, for both routes."""
-    if not isinstance(pattern, (CSR, BlockSparse)):
-        raise TypeError(f"sddmm: pattern must be CSR or BlockSparse, got {type(pattern).__name__}")
+    check_pattern("sddmm", "pattern", pattern)
     M, N = pattern.shape
     check_tensor("a", a, device=pattern.device, dim=2)
     if a.dtype not in _DTYPES:
@@ -174,11 +203,8 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
 def spmm(A, X, *, out_dtype=None):
     """A @ X for X of shape (K, N). Same kernels as `linear`, on transposed views (no copies)."""
     st = dispatch.state(A, _CHECKS["spmm"])
-    _, device, M, K = st.meta
-    check_tensor("X", X, dtype=A.dtype, device=device, dim=2)
-    if X.shape[0] != K:
-        raise ValueError(f"X must have {K} rows (A is {M}x{K}), got shape {tuple(X.shape)}")
-    check_out_dtype(out_dtype, A.dtype)
+    check_spmm(A, X, out_dtype)
+    M = st.meta[2]
     Y = torch.empty(M, X.shape[1], dtype=out_dtype or X.dtype, device=X.device)
     x, out = X.T, Y.T
     key = (x.shape[0], x.dtype, out.dtype, False, None, False, False, x.stride(1) == 1, out.stride(1) == 1, None,
@@ -212,7 +238,6 @@ def sddmm(a, b, pattern, *, scale: float = 1.0):
 def sparse_softmax(A, *, scale: float = 1.0):
     """Row-wise softmax over the stored entries of A (CSR or BlockSparse); an empty row stays
     empty. Returns the same format with the probabilities as values."""
-    if not isinstance(A, (CSR, BlockSparse)):
-        raise TypeError(f"sparse_softmax: A must be CSR or BlockSparse, got {type(A).__name__}")
+    check_pattern("sparse_softmax", "A", A)
     scale = check_scale(scale)
     return dispatch.sparse_softmax(dispatch.state(A, _format_check("sparse_softmax")), A, scale)

@@ -162,11 +162,7 @@ def values_version(values: torch.Tensor) -> tuple:
     (in-place updates, an optimizer step) and their address (`param.data = t`, as
     torch.nn.utils.vector_to_parameters does). Edits through `param.data.mul_(...)` change
     neither: torch does not count them, so they stay unseen (README, "Inside a PyTorch model")."""
-    try:
-        address = values.data_ptr()
-    except RuntimeError:  # a FakeTensor, while torch.compile traces
-        address = None
-    return values._version, address
+    return values._version, values.data_ptr()
 
 
 class _Anchor:
@@ -175,7 +171,7 @@ class _Anchor:
 
     __slots__ = ("storage",)
 
-    def __init__(self, storage=None):
+    def __init__(self, storage=None):  # (None: unpickled)
         self.storage = storage
 
     def __reduce__(self):
@@ -186,10 +182,7 @@ def values_anchor(values: torch.Tensor) -> _Anchor:
     """Kept beside a copy keyed by values_version: the values' storage, held so that no later
     tensor takes their address while the copy stands (`p.data = t1`, a call, then `p.data = t2;
     p.data = t3` could give t3 t1's address and version 0: the old key would match)."""
-    try:
-        return _Anchor(values.untyped_storage())
-    except (RuntimeError, NotImplementedError):  # a FakeTensor
-        return _Anchor()
+    return _Anchor(values.untyped_storage())
 
 
 def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):

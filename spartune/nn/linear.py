@@ -17,21 +17,6 @@ from ..prune import sparsify_weight
 _SPEC_KEY = "_extra_state"  # nn.Module's name for get_extra_state()
 
 
-# whether any torch.autocast region is on: one C call, so a layer outside autocast pays ~0.1 us
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
-_AUTOCAST_DEVICES = ("cuda", "cpu", "xpu", "mps")  # (torch.is_autocast_enabled raises on others: meta)
-
-
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype torch.autocast runs a linear layer in for x, or None outside autocast (float64
-    and non-float inputs are left as they are, as autocast leaves them)."""
-    device = x.device.type
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or device not in _AUTOCAST_DEVICES \
-            or not torch.is_autocast_enabled(device):
-        return None
-    return torch.get_autocast_dtype(device)
-
-
 PACKED_PADDING_MAX = 1.25  # stored values of a packed weight per kept value, past which it stays canonical
 
 
@@ -177,8 +162,8 @@ class SparseLinear(nn.Module):
     def forward(self, x: torch.Tensor, *, activation: str | None = None) -> torch.Tensor:
         """x @ W^T + b, with `activation` applied in the kernels' epilogue (the pointwise convolutions').
         Under torch.autocast, in the autocast dtype as nn.Linear (`_forward_autocast`)."""
-        if _any_autocast():
-            cast = _autocast_dtype(x)
+        if ops.any_autocast():
+            cast = ops.autocast_dtype(x)
             if cast is not None and (x.dtype != cast or self._weight.dtype != cast):
                 return self._forward_autocast(x, activation, cast)
         return self._forward(x, activation)

@@ -116,7 +116,7 @@ def sparsify(model: nn.Module, pattern, sparsity: float | None = None, *,
             except Exception:  # an exception type whose constructor takes other arguments
                 error = RuntimeError(message)
             raise error from e
-        if sp is not None and not tied and parse_pattern(pat).kind not in FIXED_SPARSITY \
+        if sp is not None and not tied and parse_pattern(pat).fixed_density is None \
                 and abs(fmt_report.sparsity - sp) > SPARSITY_MISS:
             missed.append(f"{name} ({shape[0]}x{shape[1]}, {pat}): asked {sp:.2f}, got {fmt_report.sparsity:.2f}")
         speedup, backend = dispatch.predicted_speedup(layer.weight, tokens)
@@ -308,7 +308,7 @@ def _chooser(pattern, sparsity):
             parse_pattern(pat)  # a bad pattern fails here, before anything is pruned
             return pat, sp
         # a rule's pattern alone takes the global sparsity, unless the pattern fixes its own (N:M)
-        fixed = parse_pattern(choice).kind in FIXED_SPARSITY
+        fixed = parse_pattern(choice).fixed_density is not None
         return choice, None if fixed and per_layer else sparsity
 
     if pattern is None:
@@ -323,8 +323,6 @@ def _chooser(pattern, sparsity):
     return lambda name, m: fixed
 
 
-# patterns whose sparsity is fixed by the pattern itself: a global sparsity passes them by in rules
-FIXED_SPARSITY = ("nm", "vnm")
 # |achieved - asked| sparsity above which sparsify warns (block patterns on small layers)
 SPARSITY_MISS = 0.05
 
