@@ -28,7 +28,7 @@ from . import ops
 from .dispatch import outside_graph_pools
 from .backends import direct_launches
 from .epilogue import apply_epilogue, apply_prologue, check_activation
-from .formats import CSR, BlockSparse, SparseFormat, transposed
+from .formats import CSR, BlockSparse, SparseFormat, memo, transposed
 from .formats.stack import stacked
 
 # --- from tensors back to their format -------------------------------------------------------------
@@ -125,6 +125,30 @@ def _output_like(x, rows: int, cols: int, out_dtype):
     if x.shape[-1] != cols:
         raise ValueError(f"x must have last dimension {cols}, got shape {tuple(x.shape)}")
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
+
+
+def cast_copy(A: SparseFormat, dtype: torch.dtype) -> SparseFormat:
+    """A's weight in `dtype` for torch.autocast's inference, kept on A and made again once A's values
+    change (as autocast's own weight cache; under the lean memory policy made per call, not kept)."""
+    return memo(A, f"_autocast_{dtype}", lambda: A._with_values_trusted(A.values.to(dtype)),
+                keep=ops.memory_policy() != "lean")
+
+
+@_operator("linear_cast(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, ScalarType dtype) -> Tensor")
+def _linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
+                 dtype: torch.dtype) -> Tensor:
+    """linear on the weight's `cast_copy` (x and bias already in dtype): torch.autocast's inference
+    in a compiled graph. A cast traced into the graph would hand the operator new values every
+    call (a new format, tuned again); the copy kept on the format at the weight's own addresses
+    is made once."""
+    with direct_launches():
+        y = ops.linear(x, cast_copy(format_of(weight, spec), dtype), bias, activation)
+    return y.contiguous()
+
+
+@_fake(_linear_cast)
+def _(x, weight, spec, bias, activation, dtype):
+    return _output_like(x, *_shape(spec), dtype)
 
 
 @_operator("linear_prologue(Tensor x, Tensor input_bias, str? input_activation, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
@@ -405,6 +429,12 @@ def linear_op(x, tensors: list, spec: str, bias=None, activation=None):
         return _linear(x, tensors, spec, bias, None, None, 1.0, None)
     check_activation(activation)
     return apply_epilogue(_linear(x, tensors, spec, bias, None, None, 1.0, None), None, activation, None)
+
+
+def linear_cast_op(x, tensors: list, spec: str, bias, activation, dtype: torch.dtype):
+    """act(x @ A^T + bias) on A's copy in `dtype` through the operator (SparseLinear under
+    torch.autocast in a compiled graph that autograd does not record; x and bias in dtype)."""
+    return _linear_cast(x, tensors, spec, bias, activation, dtype)
 
 
 def spmm(A, X, *, out_dtype=None):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import library, ops
-from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class, memo
+from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class
 from ..formats.nm import _TileOrder
 from ..prune import sparsify_weight
 
@@ -171,33 +171,31 @@ class SparseLinear(nn.Module):
     def _forward(self, x: torch.Tensor, activation) -> torch.Tensor:
         """forward outside autocast (called by _forward_autocast too: a subclass's forward runs once)."""
         bias = self.bias
-        if self._records(x, bias):
+        if torch.compiler.is_compiling() or self._autograd_records(x, bias):
             # the operator, over the module's own tensors (what torch.compile lifts as inputs)
             return library.linear_op(x, self._weight_tensors(), self._weight.spec, bias, activation)
         return ops.linear(x, self._weight, bias, activation)
 
-    def _records(self, x: torch.Tensor, bias) -> bool:
-        """Whether the call goes through the operator: torch.compile traces it or autograd records."""
-        return torch.compiler.is_compiling() or torch.is_grad_enabled() and (
+    def _autograd_records(self, x: torch.Tensor, bias) -> bool:
+        return torch.is_grad_enabled() and (
             x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad))
 
     def _forward_autocast(self, x: torch.Tensor, activation, cast: torch.dtype) -> torch.Tensor:
-        """nn.Linear's behaviour under torch.autocast: the result in the autocast dtype. Inference
-        runs on a copy of the weight in that dtype, kept on the format and made again once its
-        values change (as autocast's own weight cache, at the copy's memory); where autograd
-        records or torch.compile traces, the layer runs in its weight's dtype (x cast to it,
-        the gradient reaching the weight's own values) and the result is cast. Under the lean
-        memory policy the copy is made per call and not kept."""
+        """nn.Linear's behaviour under torch.autocast: the result in the autocast dtype. Inference,
+        eager or compiled, runs on a copy of the weight in that dtype (library.cast_copy: kept on
+        the format, made again once its values change); where autograd records, the layer runs in
+        its weight's dtype (x cast to it, the gradient reaching the weight's own values) and the
+        result is cast."""
         with torch.autocast(x.device.type, enabled=False):
             weight = self._weight
             if weight.dtype == cast:
                 return self._forward(x.to(cast), activation)
-            if self._records(x, self.bias):
+            if self._autograd_records(x, self.bias):
                 return self._forward(x.to(weight.dtype), activation).to(cast)
-            low = memo(weight, f"_autocast_{cast}", lambda: weight._with_values_trusted(weight.values.to(cast)),
-                       keep=ops.memory_policy() != "lean")  # (lean: cast per call, no copy kept)
             bias = None if self.bias is None else self.bias.to(cast)
-            return ops.linear(x.to(cast), low, bias, activation)
+            if torch.compiler.is_compiling():
+                return library.linear_cast_op(x.to(cast), self._weight_tensors(), weight.spec, bias, activation, cast)
+            return ops.linear(x.to(cast), library.cast_copy(weight, cast), bias, activation)
 
     # --- state ---------------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:

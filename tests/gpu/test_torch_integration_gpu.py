@@ -220,7 +220,8 @@ def test_a_checkpoint_loaded_on_the_cpu_into_a_fresh_gpu_model(pattern, sparsity
 @pytest.mark.parametrize("pattern,sparsity", [("csr", 0.9), ("2:4", None), ("block:64", 0.9)])
 def test_autocast_on_a_float32_model(pattern, sparsity, dtype):
     """A float32 model under torch.autocast: the sparse layers return the autocast dtype and
-    agree with the pruned dense model under the same autocast, eager inference and a training step."""
+    agree with the pruned dense model under the same autocast: eager and compiled inference, and
+    a training step."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
     st.sparsify(model, pattern, sparsity, filter_fn=lambda name, _: name == "2")
@@ -233,6 +234,11 @@ def test_autocast_on_a_float32_model(pattern, sparsity, dtype):
         got, want = model(x), dense(x)
     assert got.dtype == want.dtype == dtype
     assert rel_err(got.float(), want.float()) < 2e-2
+    model[2].weight.__dict__.pop(f"_autocast_{dtype}")  # eager's copy: the compiled call makes its own
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):  # compiled: on the copy kept on the format
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert compiled.dtype == dtype and rel_err(compiled.float(), want.float()) < 2e-2
+    assert f"_autocast_{dtype}" in model[2].weight.__dict__
     model[2].requires_grad_(True)
     with torch.autocast("cuda", dtype=dtype):
         y = model(x)

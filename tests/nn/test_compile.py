@@ -245,3 +245,42 @@ def test_autocast_compiles_to_one_graph_and_matches_eager(grad):
         got = torch.compile(model, backend=counter, fullgraph=True)(x)
     assert got.dtype == eager.dtype == torch.float16 and _one_graph(counter)
     torch.testing.assert_close(got.float(), eager.float(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.filterwarnings("ignore:sparsify")  # (block:16 leaves the 16-row layer at 0.33)
+@pytest.mark.parametrize("pattern,sparsity", [("csr", 0.5), ("block:16", 0.5), ("2:4", None)], ids=str)
+def test_compiled_autocast_inference_runs_on_a_kept_low_precision_copy(pattern, sparsity):
+    """A float32 model compiled and run under autocast for inference: the sparse layers run on
+    their weight's fp16 copy kept on the format (made once, not cast in the graph: no new format
+    a call), the copy follows an edit of the values, and every output matches float64."""
+    from spartune import library
+
+    model = _mlp(pattern, sparsity, requires_grad=False)
+    layers = [m for m in model if isinstance(m, SparseLinear)]
+    counter = _counter()
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    x = torch.randn(6, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        got = compiled(x)
+        copies = [m.weight.__dict__["_autocast_torch.float16"][1] for m in layers]
+        rebuilt = len(library._rebuilt)
+        again = compiled(x)
+        assert [m.weight.__dict__["_autocast_torch.float16"][1] for m in layers] == copies
+        assert len(library._rebuilt) == rebuilt  # the operator found each layer's own format
+    assert got.dtype == torch.float16 and torch.equal(got, again) and _one_graph(counter)
+    assert _ops_in(counter).count("torch.ops.spartune.linear_cast.default") == 3
+    torch.testing.assert_close(got.double(), _reference64(model, x), atol=2e-2, rtol=2e-2)
+    with torch.no_grad():
+        layers[-1].weight_values.mul_(2)  # an edit the copy must follow
+        with torch.autocast("cpu", dtype=torch.float16):
+            edited = compiled(x)
+    torch.testing.assert_close(edited.double(), _reference64(model, x), atol=3e-2, rtol=3e-2)
+
+
+def _reference64(model, x):
+    """The pruned model in float64."""
+    h = x.double()
+    for layer in model:
+        sparse = isinstance(layer, SparseLinear)
+        h = h @ layer.weight.to_dense().double().T + layer.bias.double() if sparse else layer(h)
+    return h
