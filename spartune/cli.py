@@ -274,7 +274,17 @@ def _bench_e2e(parser, args) -> int:
         parser.error("--shape does not apply to the e2e suite (its shapes are the models')")
     if args.dtype == "float32":
         parser.error("the e2e suite runs in float16 or bfloat16")
+    ignored = [flag for flag, given in (("--op", args.op != "linear"), ("--skip", args.skip),
+                                         ("--max-problems", args.max_problems)) if given]
+    if ignored:
+        parser.error(f"{', '.join(ignored)} does not apply to the e2e suite (whole models against their dense twins)")
     pts = e2e.points(args.pattern, [1 - d for d in args.density] if args.density else None, quick=args.quick)
+    if args.list:
+        for w in workloads:
+            for pattern, sparsity in [("dense", 0.0), *pts]:
+                print(f"{w.name:<28} {pattern:<12} {'' if pattern == 'dense' else f'{sparsity:.0%}'}")
+        print(f"{len(workloads) * (len(pts) + 1)} runs (eager, compiled and, for decode, CUDA graphs each)")
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = _cuda()

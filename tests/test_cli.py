@@ -92,6 +92,17 @@ def test_bench_list(capsys):
     assert "bert-large" in out and "bert-base" not in out
 
 
+def test_e2e_list_runs_nothing_and_flags_it_ignores_are_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--suite", "e2e", "--filter", "decode N=1", "--pattern", "csr", "--density", "0.1",
+                 "--pattern", "2:4", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("3 runs") and any("csr" in line and "90%" in line for line in lines)
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing written
+    for flag in (["--skip", "cusparselt"], ["--op", "spmm"], ["--max-problems", "3"]):
+        assert "does not apply to the e2e suite" in usage_error(capsys, ["bench", "--suite", "e2e", *flag])
+
+
 def test_real_suite_without_weights_is_skipped(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("SPARTUNE_REAL_WEIGHTS", str(tmp_path / "missing.safetensors"))
     assert main(["bench", "--suite", "real", "--list"]) == 0
