@@ -17,7 +17,7 @@ import torch
 
 from . import backends, reference
 from .epilogue import apply_prologue
-from .formats import SparseFormat, values_anchor, values_version
+from .formats import SparseFormat, memo, values_anchor, values_version
 from .kernels import registry
 from .tune.device import INTERPRETER_DEVICE
 from .tune.problem import MEMORY_POLICIES, Epilogue, Problem
@@ -152,6 +152,24 @@ def set_memory_policy(policy: str) -> None:
     if policy == "lean":
         for A, chosen in kept.items():
             _release(A, chosen)
+        for A in list(_cast_holders):
+            for key in [k for k in A.__dict__ if k.startswith(_CAST_KEY)]:
+                del A.__dict__[key]
+
+
+_CAST_KEY = "_autocast_"
+_cast_holders: "weakref.WeakSet[SparseFormat]" = weakref.WeakSet()
+
+
+def cast_copy(A: SparseFormat, dtype: torch.dtype) -> SparseFormat:
+    """A's weight in `dtype`, for torch.autocast's inference under the speed policy (lean runs the
+    weight in its own dtype: no copy). Kept on A, made again once A's values change; unlike
+    autocast's own cache, which it empties when the region ends, for as long as A lives (an fp32
+    weight holds half its values' bytes more). Built off the CUDA graph pools (cudagraph trees
+    refuse a tensor kept from their warm-up), and dropped by the switch to lean."""
+    _cast_holders.add(A)
+    return memo(A, f"{_CAST_KEY}{dtype}", lambda: outside_graph_pools(
+        lambda: A._with_values_trusted(A.values.to(dtype)), A.device))
 
 
 def device_name(device: torch.device) -> str:

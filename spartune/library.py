@@ -25,10 +25,10 @@ import torch
 from torch import Tensor
 
 from . import ops
-from .dispatch import outside_graph_pools
+from .dispatch import cast_copy, outside_graph_pools
 from .backends import direct_launches
 from .epilogue import apply_epilogue, apply_prologue, check_activation
-from .formats import CSR, BlockSparse, SparseFormat, memo, transposed
+from .formats import CSR, BlockSparse, SparseFormat, transposed
 from .formats.stack import stacked
 
 # --- from tensors back to their format -------------------------------------------------------------
@@ -96,8 +96,13 @@ _LINEAR_ARGS = ("(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activa
 
 def _linear_impl(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
                  residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return _run_linear(x, format_of(weight, spec), bias, activation, residual, scale, out_dtype)
+
+
+def _run_linear(x, A, bias, activation, residual=None, scale=1.0, out_dtype=None) -> Tensor:
+    """An operator's linear on format A."""
     with direct_launches():  # an operator returns memory of its own, never a graph's static output
-        y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype)
+        y = ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype)
     # The fake promises a contiguous output whatever backend the tuner picks at run time
     # (cuSPARSELt's is a transposed view): compiled graphs assert the strides.
     return y.contiguous()
@@ -127,23 +132,15 @@ def _output_like(x, rows: int, cols: int, out_dtype):
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
 
 
-def cast_copy(A: SparseFormat, dtype: torch.dtype) -> SparseFormat:
-    """A's weight in `dtype` for torch.autocast's inference, kept on A and made again once A's values
-    change (as autocast's own weight cache; under the lean memory policy made per call, not kept)."""
-    return memo(A, f"_autocast_{dtype}", lambda: A._with_values_trusted(A.values.to(dtype)),
-                keep=ops.memory_policy() != "lean")
-
-
 @_operator("linear_cast(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, ScalarType dtype) -> Tensor")
 def _linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
                  dtype: torch.dtype) -> Tensor:
-    """linear on the weight's `cast_copy` (x and bias already in dtype): torch.autocast's inference
-    in a compiled graph. A cast traced into the graph would hand the operator new values every
-    call (a new format, tuned again); the copy kept on the format at the weight's own addresses
-    is made once."""
-    with direct_launches():
-        y = ops.linear(x, cast_copy(format_of(weight, spec), dtype), bias, activation)
-    return y.contiguous()
+    """linear on the weight's `dispatch.cast_copy` (x and bias already in dtype): torch.autocast's
+    inference in a compiled graph. A cast traced into the graph would hand the operator new values
+    every call (a new format, tuned again); the copy kept on the format at the weight's own
+    addresses is made once. (The fusion pass leaves it alone: no merged siblings or fused
+    epilogues under autocast.)"""
+    return _run_linear(x, cast_copy(format_of(weight, spec), dtype), bias, activation)
 
 
 @_fake(_linear_cast)
@@ -224,7 +221,7 @@ def _grad_weight(dy: Tensor, x: Tensor, weight: list[Tensor], spec: str) -> Tens
     A = format_of(weight, spec)
     dy2 = dy.reshape(-1, dy.shape[-1]).to(A.dtype)
     x2 = x.reshape(-1, x.shape[-1]).to(A.dtype)
-    if isinstance(A, (CSR, BlockSparse)) and A.dtype != torch.float64:
+    if isinstance(A, (CSR, BlockSparse)):
         return ops.sddmm(dy2.T.contiguous(), x2.T.contiguous(), A).values
     wide = torch.promote_types(A.dtype, torch.float32)
     return A.gather(dy2.to(wide).T @ x2.to(wide)).to(A.dtype)
@@ -370,16 +367,8 @@ _autograd(_sparse_softmax, _softmax_backward, setup_context=_save_softmax)
 
 
 # --- the public ops --------------------------------------------------------------------------------
-def _check_format(op: str, A, *tensors) -> None:
-    """The operator route's own first checks (the eager ops check the rest, before any kernel)."""
-    if not isinstance(A, SparseFormat):
-        raise TypeError(f"{op}: A must be a spartune format (CSR, BlockSparse, ...), got {type(A).__name__}")
-    for name, t in tensors:
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _records(*tensors) -> bool:
+def autograd_records(*tensors) -> bool:
+    """Whether autograd records a call on these tensors (None and non-tensors pass by)."""
     return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
 
 
@@ -397,11 +386,11 @@ def linear(x, A, bias=None, activation=None, residual=None, *, scale: float = 1.
     as input_activation(x + input_bias) (ops.linear; unfused where autograd records).
     Bad input raises before any kernel runs, on either route.
     """
-    grad = _records(x, getattr(A, "values", None), bias, residual, input_bias)
+    grad = autograd_records(x, getattr(A, "values", None), bias, residual, input_bias)
     if not grad and not torch.compiler.is_compiling():
         return ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype, input_bias=input_bias,
                           input_activation=input_activation)
-    _check_format("linear", A, ("x", x))
+    ops.check_format("linear", A)
     ops.check_tensor("x", x, dtype=A.dtype, device=A.device, last=A.shape[1])
     bias, scale, prologue = ops.check_linear_args(x, A.dtype, A.device, *A.shape, bias, activation, residual, scale,
                                                   out_dtype, input_bias, input_activation)
@@ -423,7 +412,7 @@ def linear_op(x, tensors: list, spec: str, bias=None, activation=None):
     """act(x @ A^T + bias) through the operator, A given as its tensors and spec (SparseLinear's
     route when traced or differentiated: its tensors are what torch.compile lifts as inputs).
     The activation is unfused when autograd records, as in `linear`."""
-    if not _records(x, tensors[0], bias):
+    if not autograd_records(x, tensors[0], bias):
         return _linear_nograd(x, tensors, spec, bias, activation, None, 1.0, None)
     if activation is None:
         return _linear(x, tensors, spec, bias, None, None, 1.0, None)
@@ -440,9 +429,9 @@ def linear_cast_op(x, tensors: list, spec: str, bias, activation, dtype: torch.d
 def spmm(A, X, *, out_dtype=None):
     """A @ X for X of shape (K, N). Same kernels as `linear`, on transposed views (no copies);
     differentiable and traceable like it."""
-    if not _records(X, getattr(A, "values", None)) and not torch.compiler.is_compiling():
+    if not autograd_records(X, getattr(A, "values", None)) and not torch.compiler.is_compiling():
         return ops.spmm(A, X, out_dtype=out_dtype)
-    _check_format("spmm", A, ("X", X))
+    ops.check_format("spmm", A)
     ops.check_spmm(A, X, out_dtype)
     return _spmm(A.tensor_list(), A.spec, X, out_dtype)
 
@@ -451,7 +440,7 @@ def sddmm(a, b, pattern, *, scale: float = 1.0):
     """scale * (a @ b^T) at the stored positions of `pattern` (CSR or BlockSparse), returned as
     the same format with new values (fp32 accumulation, a's dtype); differentiable in a and b,
     traceable."""
-    if not _records(a, b) and not torch.compiler.is_compiling():
+    if not autograd_records(a, b) and not torch.compiler.is_compiling():
         return ops.sddmm(a, b, pattern, scale=scale)
     ops.check_sddmm(a, b, pattern)
     return pattern._with_values_trusted(_sddmm(a, b, pattern.tensor_list(), pattern.spec, ops.check_scale(scale)))
@@ -461,7 +450,7 @@ def sparse_softmax(A, *, scale: float = 1.0):
     """Row-wise softmax over the stored entries of A (CSR or BlockSparse); an empty row stays
     empty. Returns the same format with the probabilities as values; differentiable in A's
     values, traceable."""
-    if not _records(getattr(A, "values", None)) and not torch.compiler.is_compiling():
+    if not autograd_records(getattr(A, "values", None)) and not torch.compiler.is_compiling():
         return ops.sparse_softmax(A, scale=scale)
     ops.check_pattern("sparse_softmax", "A", A)
     return A._with_values_trusted(_sparse_softmax(A.tensor_list(), A.spec, ops.check_scale(scale)))

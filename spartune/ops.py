@@ -32,6 +32,11 @@ def _format_check(op: str, name: str = "A"):
 _CHECKS = {op: _format_check(op) for op in ("linear", "spmm", "prepare")}
 
 
+def check_format(op: str, A) -> None:
+    """A is a spartune format in a dtype the ops take: the first check of either route."""
+    _CHECKS[op](A)
+
+
 # whether any torch.autocast region is on: one C call, so a call outside autocast pays ~0.1 us
 any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _AUTOCAST_DEVICES = ("cuda", "cpu", "xpu", "mps")  # (torch.is_autocast_enabled raises on others: meta)

@@ -151,7 +151,7 @@ def time_in_turns(fns, device: str, *, target_s: float = 0.15, rounds: int = 5) 
     return samples
 
 
-def captured(fn, device: str):
+def captured(fn):
     """fn captured in one CUDA graph (after warm-up calls on a side stream); its replay."""
     side = capture_stream()  # (one per device: a new stream each time costs a cuBLAS workspace)
     side.wait_stream(torch.cuda.current_stream())
@@ -177,7 +177,7 @@ def _variants(model, call, workload: Workload, device: str, compile: bool) -> di
             graphed = call(torch.compile(model, mode="reduce-overhead"))
             fns["compile+graphs"] = lambda: (torch.compiler.cudagraph_mark_step_begin(), graphed())[1]
     if workload.graphed and cuda:
-        fns = {**fns, **{f"{k}+graph": captured(f, device) for k, f in fns.items()}}
+        fns = {**fns, **{f"{k}+graph": captured(f) for k, f in fns.items()}}
     return fns
 
 

@@ -36,7 +36,6 @@ from ..tune.device import spec_of
 from ..tune.problem import KernelFeatures, Problem, fp16_reduction_allowed
 
 DTYPES = ("float16", "bfloat16")
-TOKEN_TILES = (8, 16, 32)
 K_SLICES = (256, 512, 1024, 2048, 4096, 8192)
 WARPS = (4, 8)
 GROUPS_PER_WARP = (1, 2, 4, 8, 16)

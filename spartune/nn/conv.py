@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..epilogue import check_activation
 from ..formats import SparseFormat
-from ..kernels._epilogue import ACTIVATION_CODES
 from ..prune import sparsify_weight
 from .linear import SparseLinear, kernel_layout
 
@@ -55,8 +55,7 @@ class _SparsePointwise(nn.Module):
         bias and a fused activation (None, "relu", "gelu", "gelu_tanh", "silu");
         `requires_grad` as SparseLinear's (False by default; from_conv follows the convolution)."""
         super().__init__()
-        if activation not in ACTIVATION_CODES:
-            raise ValueError(f"activation must be one of {list(ACTIVATION_CODES)}, got {activation!r}")
+        check_activation(activation)
         self.linear = SparseLinear(weight, bias, requires_grad=requires_grad)
         self.activation = activation
 

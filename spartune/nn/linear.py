@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .. import library, ops
+from ..dispatch import cast_copy
 from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class
 from ..formats.nm import _TileOrder
 from ..prune import sparsify_weight
@@ -177,25 +178,24 @@ class SparseLinear(nn.Module):
         return ops.linear(x, self._weight, bias, activation)
 
     def _autograd_records(self, x: torch.Tensor, bias) -> bool:
-        return torch.is_grad_enabled() and (
-            x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad))
+        return library.autograd_records(x, self.weight_values, bias)
 
     def _forward_autocast(self, x: torch.Tensor, activation, cast: torch.dtype) -> torch.Tensor:
         """nn.Linear's behaviour under torch.autocast: the result in the autocast dtype. Inference,
-        eager or compiled, runs on a copy of the weight in that dtype (library.cast_copy: kept on
-        the format, made again once its values change); where autograd records, the layer runs in
-        its weight's dtype (x cast to it, the gradient reaching the weight's own values) and the
-        result is cast."""
+        eager or compiled, runs on a copy of the weight in that dtype (dispatch.cast_copy: kept on
+        the format, made again once its values change). Where autograd records, or under the
+        lean memory policy (no copy), the layer runs in its weight's dtype (x cast to it, the
+        gradient reaching the weight's own values) and the result is cast."""
         with torch.autocast(x.device.type, enabled=False):
             weight = self._weight
             if weight.dtype == cast:
                 return self._forward(x.to(cast), activation)
-            if self._autograd_records(x, self.bias):
+            if self._autograd_records(x, self.bias) or ops.memory_policy() == "lean":
                 return self._forward(x.to(weight.dtype), activation).to(cast)
             bias = None if self.bias is None else self.bias.to(cast)
             if torch.compiler.is_compiling():
                 return library.linear_cast_op(x.to(cast), self._weight_tensors(), weight.spec, bias, activation, cast)
-            return ops.linear(x.to(cast), library.cast_copy(weight, cast), bias, activation)
+            return ops.linear(x.to(cast), cast_copy(weight, cast), bias, activation)
 
     # --- state ---------------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:

@@ -247,6 +247,36 @@ def test_autocast_on_a_float32_model(pattern, sparsity, dtype):
     assert model[2].weight_values.grad.dtype == torch.float32 and torch.isfinite(model[2].weight_values.grad).all()
 
 
+@pytest.mark.parametrize("policy", ["speed", "lean"])
+def test_autocast_under_compiled_cuda_graphs(policy):
+    """A float32 model compiled with mode="reduce-overhead" (cudagraph trees) under autocast: the
+    weight's fp16 copy is made off the graph's pool (speed) or none is made (lean); the replays
+    match the pruned dense model, and the copy is made once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+    st.sparsify(model, "csr", 0.9, filter_fn=lambda name, _: name == "2")
+    dense = nn.Sequential(model[0], model[1], nn.Linear(1024, 256).cuda())
+    with torch.no_grad():
+        dense[2].weight.copy_(model[2].weight.to_dense())
+        dense[2].bias.copy_(model[2].bias)
+    x = torch.randn(16, 512, device="cuda")
+    before = st.memory_policy()
+    st.set_memory_policy(policy)
+    try:
+        graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+            want = dense(x)
+            outs = [graphed(x).clone() for _ in range(4)]  # warm-up, record, replays
+            copy = model[2].weight.__dict__.get("_autocast_torch.float16")
+            outs.append(graphed(x).clone())
+            assert model[2].weight.__dict__.get("_autocast_torch.float16") is copy
+    finally:
+        st.set_memory_policy(before)
+    assert (copy is None) == (policy == "lean")
+    for out in outs:
+        assert out.dtype == torch.float16 and rel_err(out.float(), want.float()) < 2e-2
+
+
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS)
 def test_a_model_saved_whole_after_calls_loads_and_computes_the_same(pattern, sparsity):
     """torch.save(model) after tuned calls (packed layouts, launch caches memoised on the formats)

@@ -140,14 +140,26 @@ def test_autocast_runs_a_subclass_forward_once_and_meta_tensors_pass_by():
     assert meta(torch.empty(4, 64, device="meta")).shape == (4, 48)
 
 
-def test_autocast_keeps_no_copy_under_the_lean_memory_policy():
+def test_autocast_keeps_no_copy_under_the_lean_memory_policy(monkeypatch):
+    """Lean runs the weight in its own dtype (tuned once, not per call), and the switch to lean
+    drops the copies speed made."""
+    from spartune import dispatch
+
     _, layer = _autocast_pair()
     x = torch.randn(5, 64)
     before = st.memory_policy()
-    st.set_memory_policy("lean")
+    st.set_memory_policy("speed")
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-            y = layer(x)
+            assert layer(x).dtype == torch.float16 and "_autocast_torch.float16" in layer.weight.__dict__
+            st.set_memory_policy("lean")
+            assert "_autocast_torch.float16" not in layer.weight.__dict__
+            tunes = []
+            monkeypatch.setattr(dispatch, "tune_linear", lambda *a, _t=dispatch.tune_linear: tunes.append(1) or _t(*a))
+            ys = [layer(x) for _ in range(3)]
     finally:
         st.set_memory_policy(before)
-    assert y.dtype == torch.float16 and "_autocast_torch.float16" not in layer.weight.__dict__
+    assert all(y.dtype == torch.float16 for y in ys) and "_autocast_torch.float16" not in layer.weight.__dict__
+    assert len(tunes) == 1  # one tuning for the three calls
+    torch.testing.assert_close(ys[0].double(), x.double() @ layer.weight.to_dense().double().T
+                               + layer.bias.double(), rtol=2e-2, atol=2e-2)

@@ -288,10 +288,6 @@ class LoadedKernel:
         _check(err, f"setting {nbytes} bytes of dynamic shared memory for {self.instance.describe()}")
         self._shmem_limit = nbytes
 
-    @property
-    def registers(self) -> int:
-        return self.kernel.attributes.num_regs
-
 
 _POINTER_SLOT, _STRUCT_SLOT = struct.Struct("=Q"), struct.Struct("=128s")
 

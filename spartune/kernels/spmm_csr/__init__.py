@@ -60,8 +60,6 @@ from .._bitmap import csr_bitmap, drop_csr_bitmap
 from .._ell import drop_banded_ell
 from .._epilogue import ACTIVATION_CODES
 from .configs import PATHS, Config, features, space
-# the cost model's constants, re-exported beside the family contract
-from .configs import ELL_MAX_CV, FUSED_EXPAND_COST, ell_padding  # noqa: F401
 from .dense import launch_dense
 from .expand import launch_expand
 from .row import launch_row
