@@ -26,12 +26,17 @@ def sparsify_weight(w: torch.Tensor, pattern, sparsity: float | None = None, *, 
 
     `pattern`: "csr", "block:64x64" / "block:64", "shfl:64", "2:4" (any N:M), "64:2:8" (V:N:M).
     `sparsity` is the fraction of zeros; N:M and V:N:M fix it themselves (pass None, or the
-    matching value). With `return_report=True` returns (format, PruneReport). `w` is not changed.
+    matching value). With `return_report=True` returns (format, PruneReport). `w` is not changed,
+    and the format holds no autograd history back to it (a Parameter stays the layer's own).
     """
     check_dense_weight(w)
     p = parse_pattern(pattern)
     density = _density(p, sparsity)
-    mask, make = _PRUNERS[p.kind](w, p, density)
+    w = w.detach()
+    if torch.isnan(w).any():
+        raise ValueError("the weight holds NaN: magnitude pruning cannot rank it (NaN would rank first); "
+                         "fix or zero those entries first")
+    mask, make = _PRUNERS[p.kind](_ranking_copy(w), p, density)
     pruned = torch.where(mask, w, torch.zeros((), dtype=w.dtype, device=w.device))
     fmt = make(pruned)
     if not return_report:
@@ -43,6 +48,14 @@ def sparsify_weight(w: torch.Tensor, pattern, sparsity: float | None = None, *, 
         retained=pruned.double().norm().item() / total if total > 0 else 1.0,
     )
     return fmt, report
+
+
+def _ranking_copy(w: torch.Tensor) -> torch.Tensor:
+    """w over its largest magnitude: the pruners rank squares and sums in float32, where a weight
+    near 1e25 overflows and one near 1e-30 (or a float64 one near 1e-200) underflows to ties; the
+    order of the magnitudes is the same."""
+    top = w.abs().amax() if w.numel() else torch.zeros(())
+    return w / top if 0 < top.item() < float("inf") else w
 
 
 def _density(p: Pattern, sparsity) -> float:
@@ -75,8 +88,20 @@ def _keep_top(scores: torch.Tensor, density: float, sizes: torch.Tensor | None =
         return keep.reshape(scores.shape)
     sizes = sizes.reshape(-1).to(flat.device, torch.float64)
     order = torch.argsort(flat.double() / sizes.clamp_min(1), descending=True, stable=True)
+    budget = density * sizes.sum().item() * (1 + 1e-12)
     reach = torch.cumsum(sizes[order], 0) - sizes[order] / 2  # keep a unit if most of it fits
-    keep[order[reach <= density * sizes.sum() * (1 + 1e-12)]] = True
+    prefix = reach <= budget
+    keep[order[prefix]] = True
+    # past the first unit that does not fit, a smaller one (an edge block) may still: greedily,
+    # in rank order (else a 100 x 70 weight at block:64 and 90% loses every block)
+    rest = order[~prefix]
+    if rest.numel():
+        used = sizes[order[prefix]].sum().item()
+        smaller = rest[sizes[rest] < sizes[rest[0]]]
+        for unit, size in zip(smaller.tolist(), sizes[smaller].tolist()):
+            if used + size / 2 <= budget:
+                keep[unit] = True
+                used += size
     return keep.reshape(scores.shape)
 
 
@@ -115,7 +140,7 @@ def _prune_nm(w, p, density):
     groups = ceil_div(cols, p.m)
     mag = F.pad(w.abs().float(), (0, groups * p.m - cols), value=-1.0).reshape(rows, groups, p.m)
     keep = torch.zeros_like(mag, dtype=torch.bool).scatter_(2, torch.topk(mag, p.n, 2).indices, True)
-    return keep.reshape(rows, -1)[:, :cols], lambda x: NM.from_dense(x, p.n, p.m)
+    return keep.reshape(rows, groups * p.m)[:, :cols], lambda x: NM.from_dense(x, p.n, p.m)
 
 
 def _prune_vnm(w, p, density):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import spartune as st
-from spartune.prune import shuffle_rows
+from spartune.prune import shuffle_rows, sparsify_weight
 
 
 def low_rank_plus_noise(rows, cols, rank=8, noise=0.3, seed=0):
@@ -143,3 +143,41 @@ def test_the_count_pruned_is_torchs():
             kept = int((st.sparsify_weight(w, "csr", sparsity).to_dense() != 0).sum())
             torchs = int(prune.l1_unstructured(torch.nn.Linear(n, 1), "weight", amount=sparsity).weight_mask.sum())
             assert kept == torchs, (n, sparsity)
+
+
+@pytest.mark.parametrize("shape,sparsity,want", [((100, 70), 0.9, 1 - 600 / 7000), ((96, 96), 0.9, 1 - 1024 / 9216)])
+def test_block_pruning_keeps_edge_blocks_that_fit_past_a_full_one_that_does_not(shape, sparsity, want):
+    """The budget of a small weight fits no full 64 x 64 block but does fit its edge blocks:
+    they are kept (the weight was pruned to zeros)."""
+    torch.manual_seed(0)
+    w = torch.randn(*shape)
+    fmt, report = sparsify_weight(w, "block:64", sparsity, return_report=True)
+    dense = fmt.to_dense()
+    assert report.sparsity == pytest.approx(want) and (dense != 0).sum() == round((1 - want) * w.numel())
+    assert torch.equal(dense[dense != 0], w[dense != 0])
+
+
+@pytest.mark.parametrize("pattern,sparsity", [("csr", 0.9), ("block:16", 0.75), ("shfl:16", 0.75), ("2:4", None),
+                                              ("64:2:8", None)])
+def test_the_kept_positions_do_not_depend_on_the_weight_s_scale(pattern, sparsity):
+    torch.manual_seed(1)
+    w = torch.randn(128, 128)
+    kept = sparsify_weight(w, pattern, sparsity).to_dense() != 0
+    for scaled in (w * 1e25, w * 1e-30, w.double() * 1e-200, w.double() * 1e200):
+        assert torch.equal(sparsify_weight(scaled, pattern, sparsity).to_dense() != 0, kept)
+
+
+def test_a_pruned_parameter_keeps_no_autograd_history_and_nan_is_refused():
+    p = torch.nn.Parameter(torch.randn(32, 32))
+    assert sparsify_weight(p, "csr", 0.5).values.grad_fn is None
+    w = torch.randn(8, 8)
+    w[2, 3] = float("nan")
+    before = w.clone()
+    with pytest.raises(ValueError, match="NaN"):
+        sparsify_weight(w, "csr", 0.5)
+    assert torch.equal(w.nan_to_num(), before.nan_to_num())
+
+
+@pytest.mark.parametrize("pattern,sparsity", [("csr", 0.5), ("block:16", 0.5), ("2:4", None), ("16:2:8", None)])
+def test_a_weight_without_rows_prunes_to_an_empty_format(pattern, sparsity):
+    assert sparsify_weight(torch.randn(0, 64), pattern, sparsity).shape == (0, 64)
