@@ -88,13 +88,28 @@ def get_tuner():
         from .tune.tuner import Tuner, load_or_calibrate
 
         if torch.cuda.is_available():
-            from .tune.db import TuningDB
-
-            db = TuningDB()
+            db = _open_db()
             _tuner = Tuner(db, load_or_calibrate(db), mode=_mode)
         else:
             _tuner = Tuner(None, DeviceSpec.h100(), mode="model")
     return _tuner
+
+
+def _open_db():
+    """The tuning DB, or None where its directory cannot hold one (read-only, a file in the way):
+    a lost cache must never stop a model from running, so this process then tunes in memory."""
+    import sqlite3
+    import warnings
+
+    from .tune.db import TuningDB, default_path
+
+    try:
+        return TuningDB()
+    except (OSError, sqlite3.Error) as e:
+        warnings.warn(f"spartune: no tuning DB at {default_path()} ({e}): this process tunes without one (its "
+                      "choices are not kept; set SPARTUNE_CACHE_DIR to a writable directory)", RuntimeWarning,
+                      stacklevel=3)
+        return None
 
 
 def set_mode(mode: str) -> None:

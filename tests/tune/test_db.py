@@ -272,3 +272,16 @@ def test_import_rejects_other_files(path, tmp_path):
 
 def test_software_versions_are_read_once():
     assert dbmod.software_versions() is dbmod.software_versions()
+
+
+def test_a_cache_dir_that_cannot_hold_a_db_leaves_the_process_without_one(tmp_path, monkeypatch):
+    """(dispatch opens the DB so: a lost cache must never stop a model from running)"""
+    from spartune import dispatch
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(blocker))
+    with pytest.warns(RuntimeWarning, match="tunes without one"):
+        assert dispatch._open_db() is None
+    monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(tmp_path / "fine"))
+    assert isinstance(dispatch._open_db(), TuningDB)
