@@ -243,15 +243,21 @@ class TuningDB:
             raise RuntimeError(f"could not read the tuning DB {self.path} to export it")
         tmp = Path(str(path) + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def import_json(self, path: str | os.PathLike, *, overwrite: bool = False) -> int:
         """Merge an exported file; returns the rows added. Local choices win unless
         `overwrite`: a table measured here is better evidence than a shipped one."""
         data = json.loads(Path(path).read_text())
-        if data.get("format") != "spartune-tuning" or data.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"{path} is not a spartune tuning export of schema {SCHEMA_VERSION} "
-                             f"(format {data.get('format')!r}, schema {data.get('schema')!r})")
+        if not isinstance(data, dict) or data.get("format") != "spartune-tuning" or data.get("schema") != SCHEMA_VERSION:
+            found = f"format {data.get('format')!r}, schema {data.get('schema')!r}" if isinstance(data, dict) \
+                else f"a JSON {type(data).__name__}"
+            raise ValueError(f"{path} is not a spartune tuning export of schema {SCHEMA_VERSION} ({found})")
+        _check_export(data, path)
         verb = "INSERT OR REPLACE" if overwrite else "INSERT OR IGNORE"
 
         def write(c):
@@ -268,6 +274,45 @@ class TuningDB:
             return c.total_changes - before
 
         return self._run(write, default=0, write=True)
+
+
+_NUMBER, _TEXT, _ANY = (int, float), (str,), object
+# what each row of an export holds: field -> (types, may be null)
+_EXPORT_ROWS = {
+    "calibration": {"device": (_TEXT, False), "spec": ((dict,), False), "created": (_NUMBER, False)},
+    "results": {"problem": ((list,), False), "backend": (_TEXT, False), "config": (_ANY, True),
+                "seconds": (_NUMBER, True), "error": (_TEXT, True), "predicted": (_NUMBER, True),
+                "created": (_NUMBER, False)},
+    "best": {"problem": ((list,), False), "backend": (_TEXT, False), "config": (_ANY, True),
+             "seconds": (_NUMBER, True), "predicted": (_NUMBER, True), "mode": (_TEXT, False),
+             "created": (_NUMBER, False)},
+}
+
+
+def _check_export(data: dict, path) -> None:
+    """Every row of an export as export_json writes it, before any is stored: a bad row would
+    otherwise be dropped silently or break `spartune info` and the tuner later."""
+    from .device import DeviceSpec
+
+    for table, fields in _EXPORT_ROWS.items():
+        rows = data.get(table)
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: {table!r} must be a list of rows, got {type(rows).__name__}")
+        for i, row in enumerate(rows):
+            where = f"{path}: {table}[{i}]"
+            if not isinstance(row, dict):
+                raise ValueError(f"{where} must be an object, got {type(row).__name__}")
+            for name, (types, nullable) in fields.items():
+                if name not in row:
+                    raise ValueError(f"{where} lacks {name!r}")
+                v = row[name]
+                if not (v is None and nullable) and (v is None or isinstance(v, bool) or not isinstance(v, types)):
+                    raise ValueError(f"{where}: {name} = {v!r} is not a valid {name}")
+            if table == "calibration":
+                try:
+                    DeviceSpec.from_json(json.dumps(row["spec"]))
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"{where}: its spec is not a device calibration ({e})") from None
 
 
 def _finite(x):

@@ -285,3 +285,25 @@ def test_a_cache_dir_that_cannot_hold_a_db_leaves_the_process_without_one(tmp_pa
         assert dispatch._open_db() is None
     monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(tmp_path / "fine"))
     assert isinstance(dispatch._open_db(), TuningDB)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: [], "a JSON list"),
+    (lambda d: {**d, "best": {}}, "'best' must be a list"),
+    (lambda d: {**d, "calibration": [{**d["calibration"][0], "created": "yesterday"}]}, "created = 'yesterday'"),
+    (lambda d: {**d, "calibration": [{**d["calibration"][0], "spec": {"sms": 132}}]}, "not a device calibration"),
+    (lambda d: {**d, "results": [{k: v for k, v in d["results"][0].items() if k != "backend"}]}, "lacks 'backend'"),
+    (lambda d: {**d, "best": [{**d["best"][0], "seconds": "fast"}]}, "seconds = 'fast'"),
+])
+def test_an_import_with_a_bad_row_is_refused_whole(tmp_path, edit, message):
+    src = TuningDB(tmp_path / "src.db", versions=VERSIONS)
+    src.set_calibration("NVIDIA H100 sm_90", H100)
+    key = src.key(problem())
+    src.record(key, [row()], best=best())
+    src.export_json(tmp_path / "good.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(edit(json.loads((tmp_path / "good.json").read_text()))))
+    dst = TuningDB(tmp_path / "dst.db", versions=VERSIONS)
+    with pytest.raises(ValueError, match=message):
+        dst.import_json(bad)
+    assert dst.import_json(tmp_path / "good.json") > 0  # nothing of the bad file went in
