@@ -238,12 +238,12 @@ def _bench(parser, args, argv) -> int:
         print("No CUDA device: nothing can be timed here. Running a correctness-only pass under the Triton "
               "interpreter on scaled-down shapes (spartune.linear and our kernels against spartune.reference).",
               flush=True)
+    out = _out_dir(parser, args)
     options = runner.Options(dtype=args.dtype, op=args.op, mode=args.mode, budget_s=args.budget_s, seed=args.seed,
                              max_problems=args.max_problems, rotate=not args.no_rotate,
                              baselines=tuple(b for b in runner.IMPLS[1:] if b not in args.skip),
                              suite=suite or "", progress=not args.no_progress,
                              extra={"filters": args.filter, "quick": args.quick})
-    out = Path(args.out)
     stem = f"bench-{suite or 'custom'}" + ("" if _cuda() else "-cpu")
     json_path = out / f"{stem}.json"
 
@@ -285,8 +285,7 @@ def _bench_e2e(parser, args) -> int:
                 print(f"{w.name:<28} {pattern:<12} {'' if pattern == 'dense' else f'{sparsity:.0%}'}")
         print(f"{len(workloads) * (len(pts) + 1)} runs (eager, compiled and, for decode, CUDA graphs each)")
         return 0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_dir(parser, args)
     cuda = _cuda()
     if not cuda:
         print("No CUDA device: running tiny versions of the models on the CPU, eager only (nothing is timed "
@@ -315,6 +314,16 @@ def _bench_e2e(parser, args) -> int:
         print("matplotlib is not installed (pip install 'spartune[bench]'): no plot")
     print(f"json  {json_path}")
     return 0 if doc["rows"] and not any("error" in r for r in doc["rows"]) else 1
+
+
+def _out_dir(parser, args) -> Path:
+    """--out, made before anything runs (a run that cannot write its results should not start)."""
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out {out}: cannot make the directory ({e.strerror or e})")
+    return out
 
 
 def _cuda() -> bool:
@@ -407,12 +416,10 @@ def db_summary(path: Path) -> dict:
     return out
 
 
-def _memory_policy_shown() -> str:
-    from . import dispatch
-
+def _setting_shown(read) -> str:
     try:
-        return dispatch.memory_policy()
-    except ValueError as e:  # a bad $SPARTUNE_MEMORY: info shows why instead of failing
+        return read()
+    except ValueError as e:  # a bad $SPARTUNE_MEMORY or $SPARTUNE_MODE: info shows why instead of failing
         return f"invalid: {e}"
 
 
@@ -422,8 +429,10 @@ def _info(args) -> int:
     from .bench.environment import device_info, versions
     from .tune.db import default_path
 
-    info = {"device": device_info(), "versions": versions(), "tuner_mode": os.environ.get("SPARTUNE_MODE", "fast"),
-            "memory_policy": _memory_policy_shown(), "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
+    from . import dispatch
+
+    info = {"device": device_info(), "versions": versions(), "tuner_mode": _setting_shown(dispatch.tuning_mode),
+            "memory_policy": _setting_shown(dispatch.memory_policy), "cache_dir_env": os.environ.get("SPARTUNE_CACHE_DIR"), "db": db_summary(default_path())}
     if info["device"]["cuda"]:
         from .tune.device import device_name
 

@@ -23,7 +23,7 @@ from .tune.device import INTERPRETER_DEVICE
 from .tune.problem import MEMORY_POLICIES, Epilogue, Problem
 
 _tuner = None
-_mode = os.environ.get("SPARTUNE_MODE", "fast")
+_mode = None  # the tuner mode: SPARTUNE_MODE's, read at first use, or set_mode's
 _memory = None  # the weight-memory policy: SPARTUNE_MEMORY's, read at first use, or set_memory_policy's
 
 
@@ -89,7 +89,7 @@ def get_tuner():
 
         if torch.cuda.is_available():
             db = _open_db()
-            _tuner = Tuner(db, load_or_calibrate(db), mode=_mode)
+            _tuner = Tuner(db, load_or_calibrate(db), mode=tuning_mode())
         else:
             _tuner = Tuner(None, DeviceSpec.h100(), mode="model")
     return _tuner
@@ -110,6 +110,19 @@ def _open_db():
                       "choices are not kept; set SPARTUNE_CACHE_DIR to a writable directory)", RuntimeWarning,
                       stacklevel=3)
         return None
+
+
+def tuning_mode() -> str:
+    """The tuner mode calls are tuned under (see set_mode)."""
+    global _mode
+    if _mode is None:
+        from .tune.tuner import MODES
+
+        mode = os.environ.get("SPARTUNE_MODE", "fast")
+        if mode not in MODES:
+            raise ValueError(f"SPARTUNE_MODE must be one of {MODES}, got {mode!r}")
+        _mode = mode
+    return _mode
 
 
 def set_mode(mode: str) -> None:

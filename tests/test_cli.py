@@ -232,3 +232,20 @@ def test_memory_flag_sets_the_policy(monkeypatch):
         main(["tune", "--memory", "lean"])
     assert dispatch.memory_policy() == "lean"
     dispatch.set_memory_policy("speed")
+
+
+def test_a_bad_mode_variable_is_named_and_an_unwritable_out_is_refused_first(capsys, monkeypatch, tmp_path):
+    from spartune import dispatch
+
+    monkeypatch.setenv("SPARTUNE_MODE", "bogus")
+    monkeypatch.setattr(dispatch, "_mode", None)
+    with pytest.raises(ValueError, match="SPARTUNE_MODE"):
+        dispatch.tuning_mode()
+    monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["info"]) == 0 and "invalid: SPARTUNE_MODE" in capsys.readouterr().out
+    monkeypatch.setattr(dispatch, "_mode", "fast")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for suite in ("quick", "e2e"):
+        assert "cannot make the directory" in usage_error(capsys, ["bench", "--suite", suite, "--out",
+                                                                   str(blocker / "results")])
