@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(other sentences) and report the cosine after (about 0.5 s a step on 2 CPU cores)")
 
     demo = sub.add_parser("demo", help="prune a weight into every pattern and run the reference ops")
-    demo.add_argument("--rows", type=_positive(int), default=1024)
-    demo.add_argument("--cols", type=_positive(int), default=768)
+    demo.add_argument("--rows", type=_positive(int), default=1024, help="the weight's rows (default: 1024)")
+    demo.add_argument("--cols", type=_positive(int), default=768, help="the weight's columns (default: 768)")
 
     suite_lines = "\n".join(f"  {name:<10} {s.description}" for name, s in suites.SUITES.items()) + \
         f"\n  {'e2e':<10} {E2E_DESCRIPTION}"
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs a suite side by side with the libraries users would call otherwise and writes "
                     "DIR/bench-SUITE.{txt,json,png}. Without a CUDA GPU: a correctness-only pass under the "
-                    "Triton interpreter on scaled-down shapes.",
+                    "Triton interpreter on scaled-down shapes (DIR/bench-SUITE-cpu.{txt,json}).",
         epilog=f"suites:\n{suite_lines}")
     _problem_args(bench, suite_help="the problems to run (default: quick)", extra_suites=("e2e",))
     bench.add_argument("--quick", action="store_true",
