@@ -195,9 +195,10 @@ def cast_copy(A: SparseFormat, dtype: torch.dtype) -> SparseFormat:
     autocast's own cache, which it empties when the region ends, for as long as A lives (an fp32
     weight holds half its values' bytes more). Built off the CUDA graph pools (cudagraph trees
     refuse a tensor kept from their warm-up), and dropped by the switch to lean."""
-    _cast_holders.add(A)
-    return memo(A, f"{_CAST_KEY}{dtype}", lambda: outside_graph_pools(
-        lambda: A._with_values_trusted(A.values.to(dtype)), A.device))
+    def make():
+        _cast_holders.add(A)
+        return outside_graph_pools(lambda: A._with_values_trusted(A.values.to(dtype)), A.device)
+    return memo(A, f"{_CAST_KEY}{dtype}", make)
 
 
 def device_name(device: torch.device) -> str:
