@@ -127,6 +127,19 @@ def test_bench_quick_on_cpu_runs_the_correctness_pass(capsys, tmp_path):
     assert (tmp_path / "bench-quick-cpu.txt").read_text().startswith("CPU")
 
 
+def test_the_cpu_pass_runs_the_op_asked_and_says_which_mode_it_ran(capsys, tmp_path, monkeypatch):
+    import spartune
+
+    calls = []
+    monkeypatch.setattr(spartune, "spmm", lambda A, X, _f=spartune.spmm, **kw: calls.append(1) or _f(A, X, **kw))
+    assert main(["bench", "--quick", "--op", "spmm", "--mode", "exhaustive", "--max-problems", "2", "--out",
+                 str(tmp_path), "--no-progress"]) == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "bench-quick-cpu.json").read_text())
+    assert calls and all(r["ok"] for r in doc["rows"]) and doc["options"]["op"] == "spmm"
+    assert doc["options"]["mode"] == "model" and any("--mode exhaustive" in n for n in doc["notes"])
+
+
 def _fill_db(today=False):
     db = TuningDB(versions=VERSIONS)
     key = json.dumps([["linear", "block:64x64", 4096, 4096, 2048, "float16", "none", 0.1, 0.0, "GPU sm_90"], VERSIONS])

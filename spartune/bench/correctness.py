@@ -27,6 +27,10 @@ def run_correctness(specs: list[Spec], options: Options, checkpoint=None) -> dic
                         "(bfloat16 is checked on the GPU)"]
         dtype_name = "float16"
     doc["options"]["dtype"] = dtype_name
+    if options.mode not in (None, "model"):
+        doc.setdefault("notes", []).append(f"without a GPU the tuner ranks by its cost model only (--mode "
+                                           f"{options.mode} measures on a GPU)")
+    doc["options"]["mode"] = "model"
     doc["tolerance"] = tol = TOLERANCE[dtype_name]
     dtype = getattr(torch, dtype_name)
     interp = interpreter_active()
@@ -52,7 +56,7 @@ def run_correctness(specs: list[Spec], options: Options, checkpoint=None) -> dic
                 doc["skipped"].append({"problem": spec.name, "reason": f"time budget of {options.budget_s:g} s reached"})
                 continue
             try:
-                row = _check_problem(spec, dtype, dtype_name, tol, gen, interp)
+                row = _check_problem(spec, dtype, dtype_name, tol, gen, interp, options.op)
             except KeyboardInterrupt:
                 interrupted(doc, chosen[len(doc["rows"]):], progress)
                 break
@@ -69,7 +73,7 @@ def run_correctness(specs: list[Spec], options: Options, checkpoint=None) -> dic
     return doc
 
 
-def _check_problem(spec, dtype, dtype_name, tol, gen, interp) -> dict:
+def _check_problem(spec, dtype, dtype_name, tol, gen, interp, op="linear") -> dict:
     import torch
 
     from .. import reference
@@ -90,7 +94,7 @@ def _check_problem(spec, dtype, dtype_name, tol, gen, interp) -> dict:
     try:
         import spartune
 
-        y = spartune.linear(x, A)
+        y = spartune.spmm(A, x.T.contiguous()).T if op == "spmm" else spartune.linear(x, A)
         err = rel_err(y, ref)
         checks["ours"] = {"rel_err": err, "ok": err <= tol, "picked": choice_dict(find_choice(A, spec.N, dtype_name))}
     except Exception as e:  # noqa: BLE001
