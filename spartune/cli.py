@@ -140,13 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="device, versions, calibration and tuning DB contents")
     info.add_argument("--json", action="store_true", help="as JSON")
 
-    db = sub.add_parser("db", help="export or import the tuning DB")
+    db = sub.add_parser("db", help="export, import or clear the tuning DB")
     dbsub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     exp = dbsub.add_parser("export", help="write every stored measurement and choice to a JSON file")
     exp.add_argument("path", type=Path)
     imp = dbsub.add_parser("import", help="merge a JSON file written by `spartune db export`")
     imp.add_argument("path", type=Path)
     imp.add_argument("--overwrite", action="store_true", help="imported choices replace local ones")
+    clear = dbsub.add_parser("clear", help="delete the stored measurements and choices (tuned again at next use)")
+    clear.add_argument("--stale", action="store_true",
+                       help="only those made under other spartune / torch / triton / CUDA versions (never read again)")
+    clear.add_argument("--calibration", action="store_true", help="the device calibrations too")
     return parser
 
 
@@ -485,13 +489,15 @@ def _rate(x, unit, digits=0):
 def _db(args) -> int:
     from .tune.db import TuningDB
 
-    folder = Path(args.path).parent
-    if args.db_command == "export" and not folder.is_dir():  # (else: the temporary file's name, not this)
-        print(f"spartune db export: {folder}: no such directory", file=sys.stderr)
+    if args.db_command == "export" and not Path(args.path).parent.is_dir():  # (else: the temporary file's name)
+        print(f"spartune db export: {Path(args.path).parent}: no such directory", file=sys.stderr)
         return 1
     try:
         with TuningDB() as db:
-            if args.db_command == "export":
+            if args.db_command == "clear":
+                deleted = db.clear(stale_only=args.stale, calibration=args.calibration)
+                print(f"cleared {deleted} rows from {db.path}" + (" (other versions' only)" if args.stale else ""))
+            elif args.db_command == "export":
                 db.export_json(args.path)
                 data = json.loads(Path(args.path).read_text())
                 print(f"exported {len(data['best'])} tuned problems, {len(data['results'])} measurements and "

@@ -224,6 +224,25 @@ def test_db_export_import_round_trip(capsys, monkeypatch, tmp_path):
     capsys.readouterr()
 
 
+def test_db_clear_all_or_only_other_versions(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARTUNE_CACHE_DIR", str(tmp_path))
+    _fill_db()  # (tuned under the test's VERSIONS: another install's)
+    current = TuningDB()  # and one problem under this install's versions
+    key = json.dumps([["linear", "csr", 64, 64, 1, "float16"], current.versions], sort_keys=True, separators=(",", ":"))
+    current.record(key, [{"backend": "dense", "config": None, "seconds": 1e-5, "error": None, "predicted": 1e-5}],
+                   {"backend": "dense", "config": None, "seconds": 1e-5, "predicted": 1e-5, "mode": "fast"})
+    current.close()
+    assert main(["db", "clear", "--stale"]) == 0
+    assert "cleared 3 rows" in capsys.readouterr().out  # the other install's 2 measurements and choice
+    with TuningDB() as db:
+        assert db.get_best(key) is not None and len(db.results(key)) == 1
+    assert main(["db", "clear"]) == 0 and "cleared 2 rows" in capsys.readouterr().out
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["db"]
+    assert info["best"] == 0 and info["results"] == 0 and len(info["calibration"]) == 1
+    assert main(["db", "clear", "--calibration"]) == 0 and "cleared 1 rows" in capsys.readouterr().out
+
+
 def test_demo_still_there():
     assert main(["demo", "--rows", "128", "--cols", "128"]) == 0
 

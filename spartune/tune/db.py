@@ -249,6 +249,32 @@ class TuningDB:
             tmp.unlink(missing_ok=True)
             raise
 
+    def clear(self, *, stale_only: bool = False, calibration: bool = False) -> int:
+        """Delete the stored measurements and choices: all of them, or (`stale_only`) those made
+        under other software versions, which this install never reads again; with `calibration`
+        the device calibrations too (measured again at next use). Returns the rows deleted."""
+        mine = canonical(self.versions)
+
+        def stale(key: str) -> bool:
+            try:
+                return canonical(json.loads(key)[1]) != mine
+            except (ValueError, TypeError, IndexError, KeyError):
+                return True
+
+        def write(c):
+            before = c.total_changes
+            for table in ("results", "best"):
+                if stale_only:
+                    keys = [k for (k,) in c.execute(f"SELECT DISTINCT problem FROM {table}") if stale(k)]
+                    c.executemany(f"DELETE FROM {table} WHERE problem = ?", [(k,) for k in keys])
+                else:
+                    c.execute(f"DELETE FROM {table}")
+            if calibration:
+                c.execute("DELETE FROM calibration")
+            return c.total_changes - before
+
+        return self._run(write, default=0, write=True)
+
     def import_json(self, path: str | os.PathLike, *, overwrite: bool = False) -> int:
         """Merge an exported file; returns the rows added. Local choices win unless
         `overwrite`: a table measured here is better evidence than a shipped one."""
