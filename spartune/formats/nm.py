@@ -387,6 +387,14 @@ class VNM(SparseFormat):
     def signature(self) -> str:
         return f"{self.v}:2:{self.m}"
 
+    def as_2to4(self) -> NM:
+        """The same matrix as a 2:4 NM over all of K, where M is a multiple of 4 (exact: each group
+        of 4 columns lies in one M-column block, where a row keeps 2): what as_24 kernels run."""
+        if self.m % 4:
+            raise ValueError(f"a {self.signature} weight is no 2:4 one: its {self.m}-column blocks straddle "
+                             "groups of 4")
+        return NM.from_dense(self.to_dense(), 2, 4)
+
     @property
     def row_blocks(self) -> int:
         return ceil_div(self.shape[0], self.v)

@@ -398,8 +398,10 @@ def packed(A) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 
 
 def packed_as_24(A: VNM) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """`packed` of a V:N:M weight's 2:4 copy (`as_2to4`, made for the packing and not kept)."""
-    return memo(A, _AS_24_KEY, lambda: packed(as_2to4(A)))
+    """`packed` of a V:N:M weight's 2:4 copy (`VNM.as_2to4`, made for the packing and not kept)."""
+    if not isinstance(A, VNM):
+        raise ValueError(f"as_24 runs a V:N:M weight as 2:4; this one is {A.signature}")
+    return memo(A, _AS_24_KEY, lambda: packed(A.as_2to4()))
 
 
 _PACKED_KEY, _AS_24_KEY, _META_KEY = "_nm_packed", "_nm_as24_packed", "_nm_packed_meta"
@@ -503,19 +505,6 @@ def release_unused(A, configs) -> None:
 def keeps_copy(config: Config) -> bool:
     """as_24 runs on a 2:4 copy of a V:N:M weight, twice its kept values (not under lean)."""
     return config.as_24
-
-
-def as_2to4(A: VNM):
-    """A V:N:M weight with M a multiple of 4 as a 2:4 NM one over all of K (exact: each group of 4
-    columns lies in one M-column block, where a row holds 2 nonzeros): the source of its as_24
-    packing."""
-    from ..formats import NM
-
-    if not isinstance(A, VNM):
-        raise ValueError(f"as_24 runs a V:N:M weight as 2:4; this one is {A.signature}")
-    if A.m % 4:
-        raise ValueError(f"a {A.signature} weight is no 2:4 one: its {A.m}-column blocks straddle groups of 4")
-    return NM.from_dense(A.to_dense(), 2, 4)
 
 
 @functools.lru_cache(maxsize=None)

@@ -460,7 +460,7 @@ def test_vnm_as_24_is_the_same_matrix_and_runs_2to4_configs(pattern):
     """A V:N:M weight's 2:4 copy (its 2 nonzeros in M columns fit 2:4 over all of K) holds the same
     matrix; the space offers it the 2:4 wgmma tiles (as_24), with 2:4's features and kernels."""
     A = st.sparsify_weight(torch.randn(200, 328, dtype=torch.float16), pattern)
-    assert torch.equal(K.as_2to4(A).to_dense(), A.to_dense())
+    assert torch.equal(A.as_2to4().to_dense(), A.to_dense())
     hopper = "NVIDIA H100 80GB HBM3 sm_90"
     prob = Problem("linear", A.signature, 4096, 4096, 2048, "float16", A.stats(), device=hopper)
     as_24 = [c for c in K.space(prob) if c.as_24]
@@ -470,7 +470,7 @@ def test_vnm_as_24_is_the_same_matrix_and_runs_2to4_configs(pattern):
         assert K.features(prob, c) == K.features(plain, dataclasses.replace(c, as_24=False))
         assert K.instances(prob, c) == K.instances(plain, dataclasses.replace(c, as_24=False))
     values, meta, mt, kt = K.packed_as_24(A)  # from a 2:4 copy that is not kept
-    plain_values, plain_meta, plain_mt, plain_kt = K.packed(K.as_2to4(A))
+    plain_values, plain_meta, plain_mt, plain_kt = K.packed(A.as_2to4())
     assert torch.equal(values, plain_values) and torch.equal(meta, plain_meta) and (mt, kt) == (plain_mt, plain_kt)
     assert [k for k in A.__dict__ if k.startswith("_nm_")] == ["_nm_as24_packed"]
     K.release_unused(A, [])
@@ -506,7 +506,7 @@ def test_as_24_needs_m_a_multiple_of_4():
     prob = Problem("linear", A.signature, 4096, 4096, 2048, "float16", A.stats(), device=hopper)
     assert K.space(prob) and not [c for c in K.space(prob) if c.as_24]
     with pytest.raises(ValueError, match="straddle"):
-        K.as_2to4(A)
+        A.as_2to4()
 
 
 def test_as_24_refuses_a_2to4_weight():
