@@ -118,11 +118,16 @@ def tuning_mode() -> str:
     if _mode is None:
         from .tune.tuner import MODES
 
-        mode = os.environ.get("SPARTUNE_MODE", "fast")
-        if mode not in MODES:
-            raise ValueError(f"SPARTUNE_MODE must be one of {MODES}, got {mode!r}")
-        _mode = mode
+        _mode = _from_env("SPARTUNE_MODE", "fast", MODES)
     return _mode
+
+
+def _from_env(variable: str, default: str, allowed) -> str:
+    """A setting's environment variable, checked (read once, at first use)."""
+    value = os.environ.get(variable, default)
+    if value not in allowed:
+        raise ValueError(f"{variable} must be one of {allowed}, got {value!r}")
+    return value
 
 
 def set_mode(mode: str) -> None:
@@ -148,10 +153,7 @@ def memory_policy() -> str:
     """The weight-memory policy calls are tuned under (see set_memory_policy)."""
     global _memory
     if _memory is None:
-        policy = os.environ.get("SPARTUNE_MEMORY", "speed")
-        if policy not in MEMORY_POLICIES:
-            raise ValueError(f"SPARTUNE_MEMORY must be one of {MEMORY_POLICIES}, got {policy!r}")
-        _memory = policy
+        _memory = _from_env("SPARTUNE_MEMORY", "speed", MEMORY_POLICIES)
     return _memory
 
 
