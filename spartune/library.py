@@ -133,8 +133,8 @@ def _output_like(x, rows: int, cols: int, out_dtype):
 
 
 @_operator("linear_cast(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, ScalarType dtype) -> Tensor")
-def _linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
-                 dtype: torch.dtype) -> Tensor:
+def linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
+                dtype: torch.dtype) -> Tensor:
     """linear on the weight's `dispatch.cast_copy` (x and bias already in dtype): torch.autocast's
     inference in a compiled graph. A cast traced into the graph would hand the operator new values
     every call (a new format, tuned again); the copy kept on the format at the weight's own
@@ -143,7 +143,7 @@ def _linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tens
     return _run_linear(x, cast_copy(format_of(weight, spec), dtype), bias, activation)
 
 
-@_fake(_linear_cast)
+@_fake(linear_cast)
 def _(x, weight, spec, bias, activation, dtype):
     return _output_like(x, *_shape(spec), dtype)
 
@@ -418,12 +418,6 @@ def linear_op(x, tensors: list, spec: str, bias=None, activation=None):
         return _linear(x, tensors, spec, bias, None, None, 1.0, None)
     check_activation(activation)
     return apply_epilogue(_linear(x, tensors, spec, bias, None, None, 1.0, None), None, activation, None)
-
-
-def linear_cast_op(x, tensors: list, spec: str, bias, activation, dtype: torch.dtype):
-    """act(x @ A^T + bias) on A's copy in `dtype` through the operator (SparseLinear under
-    torch.autocast in a compiled graph that autograd does not record; x and bias in dtype)."""
-    return _linear_cast(x, tensors, spec, bias, activation, dtype)
 
 
 def spmm(A, X, *, out_dtype=None):

@@ -129,7 +129,7 @@ def test_lean_never_reuses_a_dense_copy_left_by_speed(policy):
     st.set_memory_policy("speed")
     _check_linear(A)
     assert "_backend_dense" in A.__dict__
-    ops.set_mode(dispatch._mode)  # forgets the weight: the switch below cannot reach it
+    ops.set_mode(dispatch.tuning_mode())  # forgets the weight: the switch below cannot reach it
     st.set_memory_policy("lean")
     assert "_backend_dense" in A.__dict__
     A.__dict__["_backend_dense"] = (A.values._version, torch.zeros(A.shape))  # a stale copy lean must not read

@@ -178,7 +178,10 @@ class SparseLinear(nn.Module):
         return ops.linear(x, self._weight, bias, activation)
 
     def _autograd_records(self, x: torch.Tensor, bias) -> bool:
-        return library.autograd_records(x, self.weight_values, bias)
+        """library.autograd_records for this layer's own tensors, written out: 0.4 us less a call
+        (every forward asks it)."""
+        return torch.is_grad_enabled() and (
+            x.requires_grad or self.weight_values.requires_grad or (bias is not None and bias.requires_grad))
 
     def _forward_autocast(self, x: torch.Tensor, activation, cast: torch.dtype) -> torch.Tensor:
         """nn.Linear's behaviour under torch.autocast: the result in the autocast dtype. Inference,
@@ -194,7 +197,7 @@ class SparseLinear(nn.Module):
                 return self._forward(x.to(weight.dtype), activation).to(cast)
             bias = None if self.bias is None else self.bias.to(cast)
             if torch.compiler.is_compiling():
-                return library.linear_cast_op(x.to(cast), self._weight_tensors(), weight.spec, bias, activation, cast)
+                return library.linear_cast(x.to(cast), self._weight_tensors(), weight.spec, bias, activation, cast)
             return ops.linear(x.to(cast), cast_copy(weight, cast), bias, activation)
 
     # --- state ---------------------------------------------------------------------------------------
