@@ -25,6 +25,11 @@ The merge pays where small calls are launch- and ramp-bound (Llama decode N = 8:
 2.7x over compiled dense); it keeps a stacked copy of the parts (formats.stack.stacked: the
 merged layers' sparse weight twice in memory, made again when a part changes).
 
+Under torch.autocast, layers call spartune::linear_cast (their weights' low-precision copies);
+the passes treat it as a linear and keep its cast: siblings, each casting x itself, merge into a
+stack of the copies, and epilogues fuse past the autocast region each layer runs in. A
+convolution's prologue is not fused there (x reaches the linear through a cast).
+
 The pass installs itself when a spartune operator is traced (importing Inductor's config costs
 ~1 s, not paid by eager users); a pre-grad pass the user set (one, or a list) runs after it.
 Set SPARTUNE_FUSE_EPILOGUES=0 to leave graphs alone (no merge, no fusion).
@@ -67,15 +72,23 @@ def _calls(node, methods=(), functions=()) -> bool:
 
 
 def _is_linear(node) -> bool:
-    """A spartune::linear (or linear_nograd) call as the operator's schema writes it (positional
-    arguments only)."""
-    return (node.op == "call_function" and node.target in _LINEAR_OPS() and not node.kwargs
-            and len(node.args) == _NUM_ARGS)
+    """A spartune::linear, linear_nograd or linear_cast call as the operator's schema writes it
+    (positional arguments only; linear_cast's are linear's and then its `cast`)."""
+    if node.op != "call_function" or node.kwargs:
+        return False
+    linear, nograd, cast = _LINEAR_OPS()
+    return len(node.args) == (_NUM_ARGS + 1 if node.target is cast else _NUM_ARGS) and node.target in (linear, nograd, cast)
+
+
+def _cast_of(node):
+    """The dtype a linear_cast call runs its weight in (torch.autocast), else None."""
+    return node.args[_NUM_ARGS] if len(node.args) > _NUM_ARGS else None
 
 
 @functools.cache
 def _LINEAR_OPS() -> tuple:  # noqa: N802 (a constant, read once the operators exist)
-    return torch.ops.spartune.linear.default, torch.ops.spartune.linear_nograd.default
+    ops = torch.ops.spartune
+    return ops.linear.default, ops.linear_nograd.default, ops.linear_cast.default
 
 
 def _activation_after(linear):
@@ -140,11 +153,32 @@ def fuse_epilogues(graph: torch.fx.Graph) -> int:
             fused += 1
         if args[_RESIDUAL_ARG] is None and args[_BIAS_ARG] is None and len(node.users) == 1:
             user = next(iter(node.users))
-            residual = _residual_of(user, node) if user is node.next else None
+            residual = _residual_of(user, node) if user is _next_op(node) else None
             if residual is not None and order[residual] < order[node]:
                 _absorb(graph, node, user, _RESIDUAL_ARG, residual)
                 fused += 1
     return fused
+
+
+_AUTOCAST_MARKS = (torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast)
+
+
+def _next_op(node):
+    """The node after `node`, past autocast's region marks (a SparseLinear under autocast runs in
+    a region of its own: they change no tensor)."""
+    after = node.next
+    while after.op == "call_function" and after.target in _AUTOCAST_MARKS:
+        after = after.next
+    return after
+
+
+def _source(x):
+    """What makes linears siblings: x, or (its input, dtype) where x is a cast `x.to(dtype)`
+    (under autocast each layer casts x itself)."""
+    if (_calls(x, {"to"}) and len(x.args) == 2 and not x.kwargs and isinstance(x.args[0], torch.fx.Node)
+            and isinstance(x.args[1], torch.dtype)):
+        return x.args[0], x.args[1]
+    return x
 
 
 def _absorb(graph, node, user, index: int, value, read=None) -> tuple:
@@ -165,7 +199,7 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
     for node in graph.nodes:
         if not _is_linear(node):
             continue
-        x, weight, spec, bias, activation, residual, scale, out_dtype = node.args  # noqa: F841 (x: the key)
+        x, weight, spec, bias, activation, residual, scale, out_dtype = node.args[:_NUM_ARGS]  # noqa: F841 (x: the key)
         out = _value(node)
         inputs = [*weight, *([bias] if bias is not None else [])]
         if (activation is not None or residual is not None or scale != 1.0 or out is None or out.requires_grad
@@ -174,10 +208,10 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
                 or any(user.op == "output" for user in node.users)):  # a returned output stays its own
             continue
         fmt = json.loads(spec)["format"]
-        groups.setdefault((x, out_dtype, bias is None, fmt), []).append(node)
+        groups.setdefault((_source(x), out_dtype, bias is None, fmt, _cast_of(node)), []).append(node)
     removed = 0
     order = {node: i for i, node in enumerate(graph.nodes)}
-    for (_, out_dtype, no_bias, _), members in groups.items():
+    for (_, out_dtype, no_bias, _, cast), members in groups.items():
         if len(members) < 2 or not stackable([m.args[2] for m in members]):
             continue
         between = [n for n in graph.nodes if order.get(n, -1) > order[members[0]] and order.get(n, 1 << 62) < order[members[-1]]]
@@ -187,7 +221,7 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
         with graph.inserting_before(members[0]):
             merged = graph.call_function(torch.ops.spartune.linear_stacked.default, (
                 x, [t for m in members for t in m.args[1]], [m.args[2] for m in members],
-                [len(m.args[1]) for m in members], [] if no_bias else [m.args[3] for m in members], out_dtype))
+                [len(m.args[1]) for m in members], [] if no_bias else [m.args[3] for m in members], out_dtype, cast))
             start = 0
             for m in members:
                 width = json.loads(m.args[2])["shape"][0]
@@ -196,7 +230,10 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
                 m.replace_all_uses_with(part)
                 start += width
         for m in members:
+            cast_x = m.args[0]
             graph.erase_node(m)
+            if cast_x is not x and not cast_x.users:  # another member's own cast of x
+                graph.erase_node(cast_x)
         removed += len(members) - 1
     return removed
 
@@ -209,7 +246,8 @@ def fuse_prologues(graph: torch.fx.Graph) -> int:
     wrote act(conv + bias) back is gone. Returns how many linears were rewritten."""
     fused = 0
     for node in list(graph.nodes):
-        if not _is_linear(node) or _value(node) is None or _value(node).requires_grad:
+        # (under autocast, x reaches linear_cast through a cast: no prologue there)
+        if not _is_linear(node) or _cast_of(node) is not None or _value(node) is None or _value(node).requires_grad:
             continue
         found = _biased_producer(node.args[0])
         if found is None:

@@ -132,20 +132,21 @@ def _output_like(x, rows: int, cols: int, out_dtype):
     return x.new_empty((*x.shape[:-1], rows), dtype=out_dtype or x.dtype)
 
 
-@_operator("linear_cast(Tensor x, Tensor[] weight, str spec, Tensor? bias, str? activation, ScalarType dtype) -> Tensor")
+@_operator("linear_cast" + _LINEAR_ARGS.replace(") ->", ", ScalarType cast) ->"))
 def linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
-                dtype: torch.dtype) -> Tensor:
-    """linear on the weight's `dispatch.cast_copy` (x and bias already in dtype): torch.autocast's
-    inference in a compiled graph. A cast traced into the graph would hand the operator new values
-    every call (a new format, tuned again); the copy kept on the format at the weight's own
-    addresses is made once. (The fusion pass leaves it alone: no merged siblings or fused
-    epilogues under autocast.)"""
-    return _run_linear(x, cast_copy(format_of(weight, spec), dtype), bias, activation)
+                residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype], cast: torch.dtype) -> Tensor:
+    """linear on the weight's `dispatch.cast_copy` in `cast` (x already in it; the bias cast
+    here): torch.autocast's inference in a compiled graph. A cast traced into the graph would hand
+    the operator new values every call (a new format, tuned again); the copy kept on the format
+    at the weight's own addresses is made once. Its arguments are linear's, then `cast`, so the
+    fusion passes treat it as a linear (merged siblings keep the cast: linear_stacked's `cast`)."""
+    bias = None if bias is None else bias.to(cast)
+    return _run_linear(x, cast_copy(format_of(weight, spec), cast), bias, activation, residual, scale, out_dtype)
 
 
 @_fake(linear_cast)
-def _(x, weight, spec, bias, activation, dtype):
-    return _output_like(x, *_shape(spec), dtype)
+def _(x, weight, spec, bias, activation, residual, scale, out_dtype, cast):
+    return _output_like(x, *_shape(spec), out_dtype or cast)
 
 
 @_operator("linear_prologue(Tensor x, Tensor input_bias, str? input_activation, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
@@ -166,25 +167,29 @@ def _(x, input_bias, input_activation, weight, spec, bias, activation, residual,
     return _output_like(x, *_shape(spec), out_dtype)
 
 
-@_operator("linear_stacked(Tensor x, Tensor[] weight, str[] specs, int[] counts, Tensor[] biases, ScalarType? out_dtype) -> Tensor")
+@_operator("linear_stacked(Tensor x, Tensor[] weight, str[] specs, int[] counts, Tensor[] biases, ScalarType? out_dtype, ScalarType? cast=None) -> Tensor")
 def _linear_stacked(x: Tensor, weight: list[Tensor], specs: list[str], counts: list[int], biases: list[Tensor],
-                    out_dtype: Optional[torch.dtype]) -> Tensor:
+                    out_dtype: Optional[torch.dtype], cast: Optional[torch.dtype] = None) -> Tensor:
     """Linears that read the same x as one: the parts (counts[i] tensors of `weight` for specs[i])
     stacked by rows, with their biases (one each, or none), y's columns in their order
-    (spartune.fusion writes these calls; formats.stack.stacked keeps the stacked copy)."""
+    (spartune.fusion writes these calls; formats.stack.stacked keeps the stacked copy). With
+    `cast` (linear_cast's siblings under torch.autocast), the parts' copies in that dtype stacked."""
     parts, at = [], 0
     for spec, count in zip(specs, counts):
-        parts.append(format_of(weight[at:at + count], spec))
+        part = format_of(weight[at:at + count], spec)
+        parts.append(part if cast is None else cast_copy(part, cast))
         at += count
     # not in a CUDA graph's pool: cudagraph trees refuse the untracked tensors a cache keeps there
     A, bias = stacked(parts, biases, build=lambda make: outside_graph_pools(make, x.device))
+    if bias is not None and cast is not None:
+        bias = bias.to(cast)
     with direct_launches():
         return ops.linear(x, A, bias, out_dtype=out_dtype).contiguous()
 
 
 @_fake(_linear_stacked)
-def _(x, weight, specs, counts, biases, out_dtype):
-    return _output_like(x, sum(_shape(spec)[0] for spec in specs), _shape(specs[0])[1], out_dtype)
+def _(x, weight, specs, counts, biases, out_dtype, cast=None):
+    return _output_like(x, sum(_shape(spec)[0] for spec in specs), _shape(specs[0])[1], out_dtype or cast)
 
 
 @_operator("spmm(Tensor[] weight, str spec, Tensor X, ScalarType? out_dtype) -> Tensor")

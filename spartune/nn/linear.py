@@ -195,9 +195,10 @@ class SparseLinear(nn.Module):
                 return self._forward(x.to(cast), activation)
             if self._autograd_records(x, self.bias) or ops.memory_policy() == "lean":
                 return self._forward(x.to(weight.dtype), activation).to(cast)
+            if torch.compiler.is_compiling():  # (the operator casts the bias: fusion can merge siblings)
+                return library.linear_cast(x.to(cast), self._weight_tensors(), weight.spec, self.bias, activation,
+                                           None, 1.0, None, cast)
             bias = None if self.bias is None else self.bias.to(cast)
-            if torch.compiler.is_compiling():
-                return library.linear_cast(x.to(cast), self._weight_tensors(), weight.spec, bias, activation, cast)
             return ops.linear(x.to(cast), cast_copy(weight, cast), bias, activation)
 
     # --- state ---------------------------------------------------------------------------------------

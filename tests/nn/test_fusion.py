@@ -386,3 +386,45 @@ def test_lean_memory_merges_no_siblings(monkeypatch):
         merged.clear()
         fusion._pass_type()(None)(torch.fx.Graph())
         assert len(merged) == runs, policy
+
+
+def test_under_autocast_the_passes_keep_the_cast():
+    """A float32 model compiled under torch.autocast calls linear_cast (the weights' fp16 copies):
+    siblings still merge (their stack made of the copies, the biases cast) and an activation and a
+    residual still fuse, and the output is eager autocast's."""
+    q, k, v = qkv("csr", bias=True)
+    up, down = sparse(96, 64), sparse(64, 96, bias=False)
+    attend = attention(q, k, v)
+
+    def block(h):
+        a = attend(h)
+        return a + down(F.silu(up(a)))
+
+    seen = {}
+
+    def backend(gm, inputs):
+        fusion._pass_type()(None)(gm.graph)
+        gm.recompile()
+        nodes = list(gm.graph.nodes)
+        seen["stacked"] = [n.args[-1] for n in nodes if n.target is torch.ops.spartune.linear_stacked.default]
+        seen["cast"] = [(n.args[4], n.args[5] is not None, n.args[8]) for n in nodes
+                        if n.target is torch.ops.spartune.linear_cast.default]
+        return gm.forward
+
+    h = torch.randn(2, 5, 64)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        expect = block(h)
+        out = torch.compile(block, backend=backend, fullgraph=True)(h)
+    assert seen == {"stacked": [torch.float16],
+                    "cast": [("silu", False, torch.float16), (None, True, torch.float16)]}
+    assert out.dtype == expect.dtype == torch.float16
+    torch.testing.assert_close(out.float(), expect.float(), atol=2e-3, rtol=2e-3)
+    # the stack is made of the layers' fp16 copies, once: a second call finds it
+    from spartune.formats import stack
+
+    copies = [m.weight.__dict__["_autocast_torch.float16"][1] for m in (q, k, v)]
+    made = stack._stacks[copies[0]][tuple(map(id, copies))]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        again = torch.compile(block, backend=backend, fullgraph=True)(h)
+    assert stack._stacks[copies[0]] == {tuple(map(id, copies)): made}
+    torch.testing.assert_close(again, out)
