@@ -146,7 +146,7 @@ def linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tenso
 
 @_fake(linear_cast)
 def _(x, weight, spec, bias, activation, residual, scale, out_dtype, cast):
-    return _output_like(x, *_shape(spec), out_dtype or cast)
+    return _linear_fake(x, weight, spec, bias, activation, residual, scale, out_dtype or cast)
 
 
 @_operator("linear_prologue(Tensor x, Tensor input_bias, str? input_activation, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")

@@ -277,6 +277,37 @@ def test_autocast_under_compiled_cuda_graphs(policy):
         assert out.dtype == torch.float16 and rel_err(out.float(), want.float()) < 2e-2
 
 
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("pattern,sparsity", [("csr", 0.9), ("block:64", 0.9)])
+def test_autocast_compiled_block_merges_siblings_and_fuses(pattern, sparsity, mode, monkeypatch):
+    """h + down(silu(gate(h)) * up(h)), float32, compiled under autocast (linear_cast calls): gate
+    and up run as one stacked call on their fp16 copies and the residual goes into down's
+    epilogue; the outputs match the float64 reference, plain and replayed from CUDA graphs."""
+    import torch._inductor.config as inductor
+
+    from spartune import fusion
+
+    torch.manual_seed(0)
+    model = GatedMLP().cuda().eval()
+    model.down = nn.Linear(704, 256, bias=False).cuda()  # (a residual fuses where there is no bias)
+    st.sparsify(model, pattern, sparsity)
+    counts = {}
+    for name in ("merge_siblings", "fuse_epilogues"):
+        real = getattr(fusion, name)
+        monkeypatch.setattr(fusion, name, lambda g, real=real, name=name: counts.setdefault(name, real(g)))
+    compiled = torch.compile(lambda h: h + model(h), mode=mode, fullgraph=True)
+    h = torch.randn(2, 24, 256, device="cuda", dtype=torch.float16)  # (an fp32 h would make the sum fp32)
+    w = {name: m.weight.to_dense().double() for name, m in model.named_children()}
+    h64 = h.double()
+    expect = h64 + (F.silu(h64 @ w["gate"].T) * (h64 @ w["up"].T)) @ w["down"].T
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16), inductor.patch(force_disable_caches=True):
+        outs = [compiled(h).clone() for _ in range(4)]  # (reduce-overhead: warm-up, record, replays)
+    assert counts == {"merge_siblings": 1, "fuse_epilogues": 1}
+    assert "_autocast_torch.float16" in model.gate.weight.__dict__
+    for y in outs:
+        assert y.dtype == torch.float16 and rel_err(y, expect) < TOL
+
+
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS)
 def test_a_model_saved_whole_after_calls_loads_and_computes_the_same(pattern, sparsity):
     """torch.save(model) after tuned calls (packed layouts, launch caches memoised on the formats)

@@ -428,3 +428,23 @@ def test_under_autocast_the_passes_keep_the_cast():
         again = torch.compile(block, backend=backend, fullgraph=True)(h)
     assert stack._stacks[copies[0]] == {tuple(map(id, copies)): made}
     torch.testing.assert_close(again, out)
+
+
+def test_installed_by_torch_compile_under_autocast_too(monkeypatch):
+    """A model whose layers only call linear_cast (a float32 model under autocast) still gets the
+    pass from Inductor: its siblings merge and its residual fuses."""
+    import torch._inductor.config as inductor
+
+    counts = {}
+    for name in ("merge_siblings", "fuse_epilogues"):
+        real = getattr(fusion, name)
+        monkeypatch.setattr(fusion, name, lambda g, real=real, name=name: counts.setdefault(name, real(g)))
+    gate, up, down = sparse(48, 16, bias=False), sparse(48, 16, bias=False), sparse(16, 48, bias=False)
+    block = lambda h: h + down(F.silu(gate(h)) * up(h))  # noqa: E731
+    h = torch.randn(2, 3, 16, dtype=torch.float16)  # (an fp32 h would make the residual's sum fp32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16), inductor.patch(
+            pre_grad_custom_pass=None, force_disable_caches=True):
+        out = torch.compile(block, fullgraph=True)(h)
+        expect = block(h)
+    assert counts == {"merge_siblings": 1, "fuse_epilogues": 1}
+    torch.testing.assert_close(out, expect, atol=2e-3, rtol=2e-3)
