@@ -211,3 +211,29 @@ def test_a_thread_whose_first_cuda_call_encodes_a_tensor_map():
     t = torch.randn(100, 64, device="cuda", dtype=torch.float16)
     encoded = in_a_new_thread(lambda: R._encode_tensor_map(t, 100, 64, 128, 64, 32))
     assert encoded == R._encode_tensor_map(t, 100, 64, 128, 64, 32)  # the same descriptor as here
+
+
+def test_a_cache_directory_that_is_a_file_costs_two_warnings_and_nothing_else(tmp_path):
+    """SPARTUNE_CACHE_DIR naming a file (the tuning DB and the cubins cannot live there): tuned
+    CSR and 2:4 calls still compile, tune and compute right, with one warning for each cache."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("in the way")
+    code = (
+        "import torch, spartune as st\n"
+        "torch.manual_seed(0)\n"
+        "for pattern in ('csr', '2:4'):\n"
+        "    w = torch.randn(512, 1024, device='cuda', dtype=torch.float16)\n"
+        "    A = st.sparsify_weight(w, pattern, 0.9 if pattern == 'csr' else None)\n"
+        "    for n in (1, 16):\n"
+        "        x = torch.randn(n, 1024, device='cuda', dtype=torch.float16)\n"
+        "        y = st.linear(x, A)\n"
+        "        ref = x.double() @ A.to_dense().double().T\n"
+        "        assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-3, (pattern, n)\n"
+        "print('computed')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
+                         env={**os.environ, "SPARTUNE_CACHE_DIR": str(blocked)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("computed")
+    assert out.stderr.count("no tuning DB at") == 1, out.stderr
+    assert out.stderr.count("cubin cache at") == 1, out.stderr

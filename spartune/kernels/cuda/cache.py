@@ -5,8 +5,9 @@ DB), named by a sha256 of everything the cubin depends on: the template's text a
 local headers, the defines, the options, the arch and NVRTC's version. Each is written to a temp
 file in the same directory and renamed into place, so concurrent processes never see a partial
 file; each carries a header (magic, length, sha256 of the payload), so a corrupt or truncated
-entry is detected, recompiled and replaced. Losing the cache must never stop a model: an
-unwritable directory only costs recompiles.
+entry is detected, recompiled and replaced. Losing the cache must never stop a model: a
+directory that cannot hold entries (read-only, a file in the way, a full disk) costs one warning
+and this process's compiles, nothing else.
 """
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ class CubinCache:
         self._lock = threading.Lock()  # guards stats and _locks
         self._locks: dict[Path, threading.Lock] = {}  # one per entry: instances compile in parallel
         self.stats = {"compiles": 0, "disk_hits": 0, "corrupt": 0, "compile_seconds": 0.0}
+        self._disk = True  # False once the directory failed: compiles go on without it
 
     @property
     def compiler(self) -> Compiler:
@@ -106,21 +108,33 @@ class CubinCache:
         with self._lock:
             entry_lock = self._locks.setdefault(path, threading.Lock())
         with entry_lock:  # another thread compiling this entry: wait for it, then read it
-            cubin = self._read(path)
+            cubin = self._read(path) if self._disk else None
             if cubin is not None:
                 self._count("disk_hits")
                 return cubin
             cubin = self._compile(inst, arch)
-            try:
-                write_atomic(path, encode_entry(cubin))
-            except OSError as exc:
-                log.warning("spartune: could not store the cubin of %s in %s: %s", inst.describe(), path, exc)
+            if self._disk:
+                try:
+                    write_atomic(path, encode_entry(cubin))
+                except OSError as exc:
+                    self._lost_disk(exc)
             return cubin
+
+    def _lost_disk(self, exc: OSError) -> None:
+        """One warning for the process, however many instances it compiles."""
+        with self._lock:
+            first, self._disk = self._disk, False
+        if first:
+            log.warning("spartune: the cubin cache at %s cannot hold entries (%s): this process compiles without "
+                        "it (set SPARTUNE_CACHE_DIR to a writable directory)", self.directory, exc)
 
     def _read(self, path: Path) -> bytes | None:
         try:
             blob = path.read_bytes()
         except FileNotFoundError:
+            return None
+        except (NotADirectoryError, PermissionError) as exc:  # the directory, not this entry
+            self._lost_disk(exc)
             return None
         except OSError as exc:
             log.warning("spartune: unreadable cubin cache entry %s (%s): recompiling", path, exc)

@@ -191,6 +191,20 @@ def test_unwritable_cache_still_returns_the_cubin(tmp_path, src, monkeypatch):
     assert cubin.startswith(b"cubin")
 
 
+def test_a_file_in_place_of_the_cache_costs_one_warning(tmp_path, src, caplog):
+    """SPARTUNE_CACHE_DIR naming a file: every instance still compiles and returns its cubin; the
+    process warns once, not twice per instance."""
+    (tmp_path / "cubin").write_text("not a directory")
+    fake = FakeCompiler()
+    cache = make_cache(tmp_path, src, fake)
+    with caplog.at_level("WARNING", logger="spartune.cuda"):
+        cubins = [cache.get(C.instance("kernel.cu", "k", {"VALUE": v}), "sm_90", "13.0") for v in range(4)]
+        cubins.append(cache.get(C.instance("kernel.cu", "k", {"VALUE": 0}), "sm_90", "13.0"))
+    assert len(set(cubins)) == 4 and cubins[0] == cubins[-1] and len(fake.calls) == 5
+    assert len(caplog.records) == 1
+    assert "cannot hold entries" in caplog.records[0].getMessage() and str(tmp_path / "cubin") in caplog.records[0].getMessage()
+
+
 def test_compile_error_names_the_instance_and_carries_the_log(tmp_path, src):
     log = 'kernel.cu(2): error: identifier "VALUE" is undefined'
     cache = make_cache(tmp_path, src, FakeCompiler(fail_with=log))
