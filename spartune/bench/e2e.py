@@ -26,7 +26,7 @@ from torch import nn
 
 from .. import dispatch
 from ..nn import resident_bytes, sparsify
-from ..tune.measure import capture_stream
+from ..tune.measure import capture
 from . import bert, models
 
 PATTERNS = ("block:64", "csr", "shfl:64", "2:4", "64:2:8")
@@ -152,16 +152,8 @@ def time_in_turns(fns, device: str, *, target_s: float = 0.15, rounds: int = 5) 
 
 
 def captured(fn):
-    """fn captured in one CUDA graph (after warm-up calls on a side stream); its replay."""
-    side = capture_stream()  # (one per device: a new stream each time costs a cuBLAS workspace)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    """fn captured in one CUDA graph (after warm-up calls on the capture stream); its replay."""
+    graph, out = capture(fn, warmups=3)
     return lambda: (graph.replay(), out)[1]
 
 

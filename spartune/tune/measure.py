@@ -113,6 +113,40 @@ def capture_stream():
     return stream
 
 
+def capture(body: Callable[[], object], reps: int = 1, warmups: int = 1):
+    """(a CUDA graph of `reps` calls of body, the last call's output), captured on the capture
+    stream after `warmups` calls there (what a call allocates or builds lazily is made before)."""
+    import torch
+
+    graph, stream = torch.cuda.CUDAGraph(), capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            body()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(reps):
+                out = body()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def _events():
+    import torch
+
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def replay_seconds(graph, calls: int, events) -> float:
+    """Seconds per call of one replay of `graph` (holding `calls` calls), between two events."""
+    start, end = events
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / calls
+
+
 def _evict_buffer():
     """A buffer of twice the L2 (per device), whose write evicts every operand from L2."""
     import torch
@@ -176,37 +210,16 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     import torch
 
     evict = _evict_buffer()
-
-    def captured(body, reps: int):
-        graph = torch.cuda.CUDAGraph()
-        stream = capture_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            body()  # anything lazily allocated is allocated before the capture
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(reps):
-                    body()
-        torch.cuda.synchronize()
-        return graph
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def timed(graph, reps: int) -> float:
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3 / reps
-
+    events = _events()
+    timed = lambda graph, reps: replay_seconds(graph, reps, events)  # noqa: E731
     both = lambda: (evict.zero_(), fn())  # noqa: E731
     graphs = []  # reset at the end: their memory goes back at once, not when they are collected
     try:
-        graphs.append(captured(both, 1))
+        graphs.append(capture(both)[0])
         once = timed(graphs[0], 1)  # a first estimate sizes the rounds: ~1 ms each, so the
         reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
         rounds = 7 if rep_ms <= 10 else 15
-        graphs += [captured(both, reps), captured(evict.zero_, reps)]
+        graphs += [capture(both, reps)[0], capture(evict.zero_, reps)[0]]
         g_both, g_write = graphs[1:]
         timed(g_both, reps), timed(g_write, reps)  # first replays warm up, untimed
 
@@ -243,26 +256,11 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     count = max(2, math.ceil(2 * l2 / max(nbytes, 1)))  # no cap: fewer copies of a small weight would stay in L2
     operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
     fns = [lambda o=o: call(o) for o in operands]
-    for fn in fns:  # lazily built layouts, tuning, compiles
-        fn()
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), capture_stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            for fn in fns:
-                fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph, _ = capture(lambda: [fn() for fn in fns], reps)  # (its warm-up: layouts, tuning, compiles)
+    events = _events()
     try:
         graph.replay()  # the first replay uploads the graph
-        times = []
-        for _ in range(rounds):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3 / (reps * len(fns)))
+        times = [replay_seconds(graph, reps * len(fns), events) for _ in range(rounds)]
     finally:
         torch.cuda.synchronize()
         graph.reset()
