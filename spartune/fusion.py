@@ -214,8 +214,11 @@ def merge_siblings(graph: torch.fx.Graph) -> int:
     for (_, out_dtype, no_bias, _, cast), members in groups.items():
         if len(members) < 2 or not stackable([m.args[2] for m in members]):
             continue
-        between = [n for n in graph.nodes if order.get(n, -1) > order[members[0]] and order.get(n, 1 << 62) < order[members[-1]]]
-        if any(_mutates(n) for n in between):  # x (or a weight) may change between two members
+        # x (or a weight) may change between two members; where each casts x itself, between the
+        # first cast and the last member (the first member's cast stands for all)
+        first = min(order[m.args[0]] for m in members) if len({m.args[0] for m in members}) > 1 else order[members[0]]
+        between = [n for n in graph.nodes if order.get(n, -1) > first and order.get(n, 1 << 62) < order[members[-1]]]
+        if any(_mutates(n) for n in between):
             continue
         x = members[0].args[0]  # itself a slice when an earlier group held it
         with graph.inserting_before(members[0]):

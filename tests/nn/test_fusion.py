@@ -448,3 +448,30 @@ def test_installed_by_torch_compile_under_autocast_too(monkeypatch):
         expect = block(h)
     assert counts == {"merge_siblings": 1, "fuse_epilogues": 1}
     torch.testing.assert_close(out, expect, atol=2e-3, rtol=2e-3)
+
+
+def test_siblings_casting_x_apart_are_left_alone_when_one_cast_is_changed():
+    """Siblings keyed by x's source (each reads its own h.to(fp16)) merge on the first one's cast:
+    an in-place edit of that cast (or of h) before the first sibling must stop the merge."""
+    q, k = (SparseLinear.from_linear(nn.Linear(16, 8), "csr", 0.5).half() for _ in range(2))
+
+    def edited_cast(h):
+        xa = h.to(torch.float16)
+        xa.mul_(2)
+        return q(xa) * 1, k(h.to(torch.float16)) * 1
+
+    def edited_source(h):
+        xa = h.to(torch.float16)
+        h.mul_(2)
+        return q(xa) * 1, k(h.to(torch.float16)) * 1
+
+    for fn in (edited_cast, edited_source):
+        h = torch.randn(3, 16)
+        with torch.no_grad():
+            out, removed, calls = merged_graph(fn, h.clone())
+            expect = fn(h.clone())
+        assert (removed, calls) == (0, 0), fn.__name__
+        for got, want in zip(out, expect):
+            torch.testing.assert_close(got, want, **TOL)
+    with torch.no_grad():  # and with no edit they merge
+        assert merged_graph(lambda h: (q(h.to(torch.float16)) * 1, k(h.to(torch.float16)) * 1), torch.randn(3, 16))[1:] == (1, 1)

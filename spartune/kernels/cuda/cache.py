@@ -87,7 +87,7 @@ class CubinCache:
         self._lock = threading.Lock()  # guards stats and _locks
         self._locks: dict[Path, threading.Lock] = {}  # one per entry: instances compile in parallel
         self.stats = {"compiles": 0, "disk_hits": 0, "corrupt": 0, "compile_seconds": 0.0}
-        self._disk = True  # False once the directory failed: compiles go on without it
+        self._can_read = self._can_write = True  # turned off by a directory that failed
 
     @property
     def compiler(self) -> Compiler:
@@ -108,33 +108,36 @@ class CubinCache:
         with self._lock:
             entry_lock = self._locks.setdefault(path, threading.Lock())
         with entry_lock:  # another thread compiling this entry: wait for it, then read it
-            cubin = self._read(path) if self._disk else None
+            cubin = self._read(path) if self._can_read else None
             if cubin is not None:
                 self._count("disk_hits")
                 return cubin
             cubin = self._compile(inst, arch)
-            if self._disk:
+            if self._can_write:
                 try:
                     write_atomic(path, encode_entry(cubin))
                 except OSError as exc:
-                    self._lost_disk(exc)
+                    self._give_up(exc, reading=False)
             return cubin
 
-    def _lost_disk(self, exc: OSError) -> None:
-        """One warning for the process, however many instances it compiles."""
+    def _give_up(self, exc: OSError, reading: bool) -> None:
+        """Stop writing (a write failed: a read-only cache is still read) or reading too (the
+        directory is not one); one warning for the process, however many instances it compiles."""
         with self._lock:
-            first, self._disk = self._disk, False
+            first = self._can_read and self._can_write
+            self._can_write = False
+            self._can_read = self._can_read and not reading
         if first:
-            log.warning("spartune: the cubin cache at %s cannot hold entries (%s): this process compiles without "
-                        "it (set SPARTUNE_CACHE_DIR to a writable directory)", self.directory, exc)
+            log.warning("spartune: the cubin cache at %s cannot hold new entries (%s): this process compiles what "
+                        "it does not find there (set SPARTUNE_CACHE_DIR to a writable directory)", self.directory, exc)
 
     def _read(self, path: Path) -> bytes | None:
         try:
             blob = path.read_bytes()
         except FileNotFoundError:
             return None
-        except (NotADirectoryError, PermissionError) as exc:  # the directory, not this entry
-            self._lost_disk(exc)
+        except NotADirectoryError as exc:  # the directory, not this entry
+            self._give_up(exc, reading=True)
             return None
         except OSError as exc:
             log.warning("spartune: unreadable cubin cache entry %s (%s): recompiling", path, exc)

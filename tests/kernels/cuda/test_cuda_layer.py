@@ -191,6 +191,21 @@ def test_unwritable_cache_still_returns_the_cubin(tmp_path, src, monkeypatch):
     assert cubin.startswith(b"cubin")
 
 
+def test_a_read_only_cache_is_still_read(tmp_path, src, monkeypatch, caplog):
+    """A warmed cache on a read-only mount: after the first write fails, the entries it holds are
+    still read (only the missing ones compile), with one warning."""
+    fake = FakeCompiler()
+    cache = make_cache(tmp_path, src, fake)
+    stored = cache.get(C.instance("kernel.cu", "k", {"VALUE": 0}), "sm_90", "13.0")
+    monkeypatch.setattr(CA, "write_atomic", lambda path, data: (_ for _ in ()).throw(OSError(30, "read-only")))
+    cache = make_cache(tmp_path, src, fake)  # another process
+    with caplog.at_level("WARNING", logger="spartune.cuda"):
+        for v in (1, 2, 0):
+            got = cache.get(C.instance("kernel.cu", "k", {"VALUE": v}), "sm_90", "13.0")
+    assert got == stored and cache.stats["disk_hits"] == 1 and cache.stats["compiles"] == 2
+    assert len(caplog.records) == 1
+
+
 def test_a_file_in_place_of_the_cache_costs_one_warning(tmp_path, src, caplog):
     """SPARTUNE_CACHE_DIR naming a file: every instance still compiles and returns its cubin; the
     process warns once, not twice per instance."""
@@ -202,7 +217,7 @@ def test_a_file_in_place_of_the_cache_costs_one_warning(tmp_path, src, caplog):
         cubins.append(cache.get(C.instance("kernel.cu", "k", {"VALUE": 0}), "sm_90", "13.0"))
     assert len(set(cubins)) == 4 and cubins[0] == cubins[-1] and len(fake.calls) == 5
     assert len(caplog.records) == 1
-    assert "cannot hold entries" in caplog.records[0].getMessage() and str(tmp_path / "cubin") in caplog.records[0].getMessage()
+    assert "cannot hold new entries" in caplog.records[0].getMessage() and str(tmp_path / "cubin") in caplog.records[0].getMessage()
 
 
 def test_compile_error_names_the_instance_and_carries_the_log(tmp_path, src):
