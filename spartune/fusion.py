@@ -77,7 +77,8 @@ def _is_linear(node) -> bool:
     if node.op != "call_function" or node.kwargs:
         return False
     linear, nograd, cast = _LINEAR_OPS()
-    return len(node.args) == (_NUM_ARGS + 1 if node.target is cast else _NUM_ARGS) and node.target in (linear, nograd, cast)
+    wanted = _NUM_ARGS + 1 if node.target is cast else _NUM_ARGS
+    return node.target in (linear, nograd, cast) and len(node.args) == wanted
 
 
 def _cast_of(node):

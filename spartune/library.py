@@ -134,7 +134,8 @@ def _output_like(x, rows: int, cols: int, out_dtype):
 
 @_operator("linear_cast" + _LINEAR_ARGS.replace(") ->", ", ScalarType cast) ->"))
 def linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
-                residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype], cast: torch.dtype) -> Tensor:
+                residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype],
+                cast: torch.dtype) -> Tensor:
     """linear on the weight's `dispatch.cast_copy` in `cast` (x already in it; the bias cast
     here): torch.autocast's inference in a compiled graph. A cast traced into the graph would hand
     the operator new values every call (a new format, tuned again); the copy kept on the format

@@ -217,7 +217,8 @@ def test_a_file_in_place_of_the_cache_costs_one_warning(tmp_path, src, caplog):
         cubins.append(cache.get(C.instance("kernel.cu", "k", {"VALUE": 0}), "sm_90", "13.0"))
     assert len(set(cubins)) == 4 and cubins[0] == cubins[-1] and len(fake.calls) == 5
     assert len(caplog.records) == 1
-    assert "cannot hold new entries" in caplog.records[0].getMessage() and str(tmp_path / "cubin") in caplog.records[0].getMessage()
+    message = caplog.records[0].getMessage()
+    assert "cannot hold new entries" in message and str(tmp_path / "cubin") in message
 
 
 def test_compile_error_names_the_instance_and_carries_the_log(tmp_path, src):
