@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from . import ops
-from .dispatch import cast_copy, outside_graph_pools
+from .dispatch import cast_bias, cast_copy, outside_graph_pools
 from .backends import direct_launches
 from .epilogue import apply_epilogue, apply_prologue, check_activation
 from .formats import CSR, BlockSparse, SparseFormat, transposed
@@ -136,13 +136,14 @@ def _output_like(x, rows: int, cols: int, out_dtype):
 def linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tensor], activation: Optional[str],
                 residual: Optional[Tensor], scale: float, out_dtype: Optional[torch.dtype],
                 cast: torch.dtype) -> Tensor:
-    """linear on the weight's `dispatch.cast_copy` in `cast` (x already in it; the bias cast
-    here): torch.autocast's inference in a compiled graph. A cast traced into the graph would hand
-    the operator new values every call (a new format, tuned again); the copy kept on the format
-    at the weight's own addresses is made once. Its arguments are linear's, then `cast`, so the
-    fusion passes treat it as a linear (merged siblings keep the cast: linear_stacked's `cast`)."""
-    bias = None if bias is None else bias.to(cast)
-    return _run_linear(x, cast_copy(format_of(weight, spec), cast), bias, activation, residual, scale, out_dtype)
+    """linear on the weight's `dispatch.cast_copy` in `cast` (x already in it; the bias's kept
+    copy, `dispatch.cast_bias`): torch.autocast's inference in a compiled graph. A cast traced
+    into the graph would hand the operator new values every call (a new format, tuned again); the
+    copy kept on the format at the weight's own addresses is made once. Its arguments are
+    linear's, then `cast`, so the fusion passes treat it as a linear (merged siblings keep the
+    cast: linear_stacked's `cast`)."""
+    return _run_linear(x, cast_copy(format_of(weight, spec), cast), cast_bias(bias, cast), activation, residual, scale,
+                       out_dtype)
 
 
 @_fake(linear_cast)
@@ -182,8 +183,8 @@ def _linear_stacked(x: Tensor, weight: list[Tensor], specs: list[str], counts: l
         at += count
     # not in a CUDA graph's pool: cudagraph trees refuse the untracked tensors a cache keeps there
     A, bias = stacked(parts, biases, build=lambda make: outside_graph_pools(make, x.device))
-    if bias is not None and cast is not None:
-        bias = bias.to(cast)
+    if cast is not None:
+        bias = cast_bias(bias, cast)
     with direct_launches():
         return ops.linear(x, A, bias, out_dtype=out_dtype).contiguous()
 

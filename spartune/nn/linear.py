@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import library, ops
-from ..dispatch import cast_copy
+from ..dispatch import cast_bias, cast_copy
 from ..formats import NM, VNM, PackedNM, PackedVNM, SparseFormat, format_class
 from ..formats.nm import _TileOrder
 from ..prune import sparsify_weight
@@ -198,8 +198,7 @@ class SparseLinear(nn.Module):
             if torch.compiler.is_compiling():  # (the operator casts the bias: fusion can merge siblings)
                 return library.linear_cast(x.to(cast), self._weight_tensors(), weight.spec, self.bias, activation,
                                            None, 1.0, None, cast)
-            bias = None if self.bias is None else self.bias.to(cast)
-            return ops.linear(x.to(cast), cast_copy(weight, cast), bias, activation)
+            return ops.linear(x.to(cast), cast_copy(weight, cast), cast_bias(self.bias, cast), activation)
 
     # --- state ---------------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:
