@@ -161,8 +161,13 @@ def values_version(values: torch.Tensor) -> tuple:
     """What says a format's values changed since a copy was made of them: torch's version counter
     (in-place updates, an optimizer step) and their address (`param.data = t`, as
     torch.nn.utils.vector_to_parameters does). Edits through `param.data.mul_(...)` change
-    neither: torch does not count them, so they stay unseen (README, "Inside a PyTorch model")."""
-    return values._version, values.data_ptr()
+    neither: torch does not count them, so they stay unseen (README, "Inside a PyTorch model").
+    Inference tensors (a model built under torch.inference_mode) have no version counter: their
+    address alone (their in-place edits, which only inference mode allows, are unseen too)."""
+    try:
+        return values._version, values.data_ptr()
+    except RuntimeError:
+        return None, values.data_ptr()
 
 
 class _Anchor:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from ._base import SparseFormat
+from ._base import SparseFormat, values_version
 from .blocked import BlockSparse
 from .csr import CSR
 
@@ -64,8 +64,8 @@ def stacked(parts: Sequence[SparseFormat], biases: Sequence[torch.Tensor] = (), 
     the merged layers' sparse weight twice in memory, and under a CUDA-graph replay (no Python
     runs) an in-place update made after the capture is not seen: capture again after changing
     weights. `build(make)` runs the making (the caller's choice of thread and memory pool)."""
-    key = tuple((id(t), t.data_ptr(), t._version) for p in parts for t in (p.values, p.col, p.crow)) + tuple(
-        (id(b), b.data_ptr(), b._version) for b in biases)
+    key = tuple((id(t), *values_version(t)) for p in parts for t in (p.values, p.col, p.crow)) + tuple(
+        (id(b), *values_version(b)) for b in biases)
     group = _stacks.setdefault(parts[0], {})
     entry = group.get(tuple(map(id, parts)))
     if entry is None or entry[0] != key:

@@ -476,3 +476,13 @@ def test_siblings_casting_x_apart_are_left_alone_when_one_cast_is_changed():
     with torch.no_grad():  # and with no edit they merge
         plain = lambda h: (q(h.to(torch.float16)) * 1, k(h.to(torch.float16)) * 1)  # noqa: E731
         assert merged_graph(plain, torch.randn(3, 16))[1:] == (1, 1)
+
+
+def test_siblings_of_a_model_built_under_inference_mode_merge():
+    """Inference tensors have no version counter: the stacked copy is keyed by address alone."""
+    with torch.inference_mode():
+        fn = attention(*qkv("csr", bias=True))
+        h = torch.randn(2, 5, 64)
+        out, removed, calls = merged_graph(fn, h)
+        torch.testing.assert_close(out, fn(h), **TOL)
+    assert (removed, calls) == (2, 1)

@@ -198,3 +198,24 @@ def test_autocast_keeps_the_bias_copy_as_it_keeps_the_weights():
     del layer, dense
     gc.collect()
     assert key not in dispatch._cast_biases  # gone with its bias
+
+
+def test_a_model_sparsified_under_inference_mode_runs():
+    """Inference tensors have no version counter: the copies kept for the kernels (here autocast's)
+    are keyed by the values' address alone, instead of raising."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 16))
+        sparsify(model, "csr", 0.5)
+        assert model[0].weight_values.is_inference()
+        plain = model(x)
+        with torch.autocast("cpu", dtype=torch.float16):
+            cast = [model(x), model(x)]
+    h = x.double()
+    for layer in model:
+        h = h @ layer.weight.to_dense().double().T + layer.bias.double() if isinstance(layer, SparseLinear) else layer(h)
+    torch.testing.assert_close(plain.double(), h, rtol=1e-4, atol=1e-4)
+    for y in cast:
+        assert y.dtype == torch.float16
+        torch.testing.assert_close(y.double(), h, rtol=2e-2, atol=2e-2)
