@@ -185,7 +185,6 @@ def set_memory_policy(policy: str) -> None:
         for A in list(_cast_holders):
             for key in [k for k in A.__dict__ if k.startswith(_CAST_KEY)]:
                 del A.__dict__[key]
-        _cast_biases.clear()
 
 
 _CAST_KEY = "_autocast_"
@@ -204,25 +203,17 @@ def cast_copy(A: SparseFormat, dtype: torch.dtype) -> SparseFormat:
     return memo(A, f"{_CAST_KEY}{dtype}", make)
 
 
-_cast_biases: dict[int, dict] = {}  # id(bias) -> {dtype: (version, copy, storage)}, while the bias lives
-
-
-def cast_bias(bias, dtype: torch.dtype):
-    """The bias beside cast_copy's weight: kept as that copy is (a cast on every call would be one
-    more kernel a layer) and made again once the bias changes; None stays None."""
+def cast_bias(A: SparseFormat, bias, dtype: torch.dtype):
+    """The bias of a layer on A in `dtype`, beside cast_copy(A, dtype) and kept as it is (a cast
+    on every call would be one more kernel a layer), made again once the bias changes; None
+    stays None."""
     if bias is None or bias.dtype == dtype:
         return bias
-    stamp = values_version(bias)
-    kept = _cast_biases.get(id(bias))
-    if kept is None:  # (by id: a tensor cannot key a WeakKeyDictionary, and on the Parameter a pickle would carry it)
-        kept = _cast_biases[id(bias)] = {}
-        weakref.finalize(bias, _cast_biases.pop, id(bias), None)
-    entry = kept.get(dtype)
-    if entry is None or entry[0] != stamp:
-        with torch.no_grad():  # (the old storage held: a new bias cannot take its address)
-            copy = outside_graph_pools(lambda: bias.detach().to(dtype), bias.device)
-        entry = kept[dtype] = (stamp, copy, bias.untyped_storage())
-    return entry[1]
+
+    def make():
+        _cast_holders.add(A)
+        return outside_graph_pools(lambda: bias.detach().to(dtype), bias.device)
+    return memo(A, f"{_CAST_KEY}bias_{dtype}", make, source=bias)
 
 
 def device_name(device: torch.device) -> str:

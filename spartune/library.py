@@ -142,8 +142,8 @@ def linear_cast(x: Tensor, weight: list[Tensor], spec: str, bias: Optional[Tenso
     copy kept on the format at the weight's own addresses is made once. Its arguments are
     linear's, then `cast`, so the fusion passes treat it as a linear (merged siblings keep the
     cast: linear_stacked's `cast`)."""
-    return _run_linear(x, cast_copy(format_of(weight, spec), cast), cast_bias(bias, cast), activation, residual, scale,
-                       out_dtype)
+    A = format_of(weight, spec)
+    return _run_linear(x, cast_copy(A, cast), cast_bias(A, bias, cast), activation, residual, scale, out_dtype)
 
 
 @_fake(linear_cast)
@@ -184,7 +184,7 @@ def _linear_stacked(x: Tensor, weight: list[Tensor], specs: list[str], counts: l
     # not in a CUDA graph's pool: cudagraph trees refuse the untracked tensors a cache keeps there
     A, bias = stacked(parts, biases, build=lambda make: outside_graph_pools(make, x.device))
     if cast is not None:
-        bias = cast_bias(bias, cast)
+        bias = cast_bias(A, bias, cast)
     with direct_launches():
         return ops.linear(x, A, bias, out_dtype=out_dtype).contiguous()
 

@@ -190,13 +190,15 @@ def values_anchor(values: torch.Tensor) -> _Anchor:
     return _Anchor(values.untyped_storage())
 
 
-def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):
+def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True, source: torch.Tensor | None = None):
     """`make()` memoised on the format object `A` under `key`. A memo built from the values
     (`of_values`, the default: a dense copy, a packed layout) is made again once they change in
     place (an optimizer step, `A.values.mul_`); one of the pattern alone is kept, and carried
     to the same pattern with new values (PATTERN_CACHES). `keep=False`: the memo if there is a
-    current one, else `make()` unstored (a step towards another layout need not stay in memory)."""
-    version = values_version(A.values) if of_values else None
+    current one, else `make()` unstored (a step towards another layout need not stay in memory).
+    `source`: the tensor the memo is made from when it is not A's values (a layer's bias)."""
+    watched = A.values if source is None else source
+    version = values_version(watched) if of_values else None
     entry = A.__dict__.get(key)
     if entry is None or entry[0] != version:
         if not keep:
@@ -205,7 +207,7 @@ def memo(A, key: str, make, *, of_values: bool = True, keep: bool = True):
         if not of_values:
             PATTERN_CACHES.add(key)
         with torch.no_grad():  # a memo is a copy for the kernels, never part of an autograd graph
-            entry = (version, make(), values_anchor(A.values) if of_values else None)
+            entry = (version, make(), values_anchor(watched) if of_values else None)
         object.__setattr__(A, key, entry)
     return entry[1]
 

@@ -198,7 +198,7 @@ class SparseLinear(nn.Module):
             if torch.compiler.is_compiling():  # (the operator casts the bias: fusion can merge siblings)
                 return library.linear_cast(x.to(cast), self._weight_tensors(), weight.spec, self.bias, activation,
                                            None, 1.0, None, cast)
-            return ops.linear(x.to(cast), cast_copy(weight, cast), cast_bias(self.bias, cast), activation)
+            return ops.linear(x.to(cast), cast_copy(weight, cast), cast_bias(weight, self.bias, cast), activation)
 
     # --- state ---------------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """SparseLinear and sparsify(model) against the dense model they came from."""
 import gc
+import weakref
 
 import pytest
 import torch
@@ -170,34 +171,32 @@ def test_autocast_keeps_no_copy_under_the_lean_memory_policy(monkeypatch):
 def test_autocast_keeps_the_bias_copy_as_it_keeps_the_weights():
     """The fp16 bias is made once (not one more cast kernel per call) and follows an edit; the
     switch to lean drops it with the weight's copy."""
-    from spartune import dispatch
-
     dense, layer = _autocast_pair()
     x = torch.randn(5, 64)
+    kept_bias = lambda: layer.weight.__dict__["_autocast_bias_torch.float16"][1]  # noqa: E731 (dispatch.cast_bias's memo)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         layer(x)
-        kept = dispatch._cast_biases[id(layer.bias)][torch.float16][1]
+        kept = kept_bias()
         assert kept.dtype == torch.float16 and torch.equal(kept, layer.bias.half())
         layer(x)
-        assert dispatch._cast_biases[id(layer.bias)][torch.float16][1] is kept
+        assert kept_bias() is kept
         layer.bias.add_(1)
         dense.bias.add_(1)
         torch.testing.assert_close(layer(x).float(), dense(x).float(), rtol=2e-2, atol=2e-2)
-        assert dispatch._cast_biases[id(layer.bias)][torch.float16][1] is not kept
+        assert kept_bias() is not kept
     before = st.memory_policy()
     st.set_memory_policy("speed")
     try:
         st.set_memory_policy("lean")
-        assert id(layer.bias) not in dispatch._cast_biases
+        assert "_autocast_bias_torch.float16" not in layer.weight.__dict__
     finally:
         st.set_memory_policy(before)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         layer(x)
-    key = id(layer.bias)
-    assert key in dispatch._cast_biases
-    del layer, dense
+    copy = weakref.ref(kept_bias())
+    del layer, dense, kept_bias
     gc.collect()
-    assert key not in dispatch._cast_biases  # gone with its bias
+    assert copy() is None  # gone with its layer
 
 
 def test_a_model_sparsified_under_inference_mode_runs():
