@@ -329,3 +329,49 @@ def test_a_model_saved_whole_after_calls_loads_and_computes_the_same(pattern, sp
     loaded = torch.load(buf, weights_only=False)
     with torch.no_grad():
         assert rel_err(loaded(x), y) < 1e-3 and rel_err(copy.deepcopy(model)(x), y) < 1e-3
+
+
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+def test_a_model_sparsified_under_inference_mode(pattern, sparsity):
+    """Inference tensors carry no version counter: the layouts, stacks and autocast copies kept
+    on the formats key on the values' address instead. Tuned eager calls (decode and prefill),
+    fp16 autocast on a float32 copy, and a compiled model replayed from CUDA graphs all match the
+    float64 reference."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model = GatedMLP().to("cuda", torch.float16).eval()
+        st.sparsify(model, pattern, sparsity)
+        assert model.gate.weight_values.is_inference()
+        for n in (1, 64):
+            x = torch.randn(n, 256, device="cuda", dtype=torch.float16)
+            assert rel_err(model(x), reference(model, x)) < TOL, n
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for i in range(4):  # warm-up, record, replays
+            x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+            assert rel_err(compiled(x).clone(), reference(model, x)) < TOL, f"call {i}"
+        fp32 = GatedMLP().cuda().eval()
+        st.sparsify(fp32, pattern, sparsity)
+        x = torch.randn(16, 256, device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            got = [fp32(x), fp32(x)]
+    for y in got:
+        assert y.dtype == torch.float16 and rel_err(y.float(), reference(fp32, x).float()) < TOL
+
+
+def test_autocast_keeps_the_bias_copy_on_the_format():
+    """Under autocast the fp32 bias's fp16 copy is made once per layer and follows an edit."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 256)).cuda()
+    st.sparsify(model, "csr", 0.9)
+    layer = model[0]
+    x = torch.randn(8, 512, device="cuda")
+    key = "_autocast_bias_torch.float16"
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        layer(x)
+        kept = layer.weight.__dict__[key][1]
+        layer(x)
+        assert layer.weight.__dict__[key][1] is kept
+        layer.bias.add_(1.0)
+        got = layer(x)
+    want = x.double() @ layer.weight.to_dense().double().T + layer.bias.double()
+    assert got.dtype == torch.float16 and rel_err(got.double(), want) < TOL
