@@ -627,11 +627,9 @@ def main(argv=None) -> int:
             result["calibrate_error"] = f"{type(e).__name__}: {e}"
             spec_device = DeviceSpec.h100()
     dname = "cpu-dry-run" if dry else device_name(0)
-    from spartune.tune.model import REPLAY_CLEAN
     from spartune.tune.measure import REPLAY_EVICTS_L2
 
-    result.update(device=dname, device_spec=json.loads(spec_device.to_json()), replay_evicts_l2=REPLAY_EVICTS_L2,
-                  replay_clean=REPLAY_CLEAN)
+    result.update(device=dname, device_spec=json.loads(spec_device.to_json()), replay_evicts_l2=REPLAY_EVICTS_L2)
     result["timeline"]["calibrate_s"] = time.perf_counter() - t
 
     if not dry and not args.skip_extras:

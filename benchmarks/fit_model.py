@@ -76,13 +76,14 @@ def family(backend: str):
     return f.module if f else None
 
 
-def rescore(records, spec: DeviceSpec, problems: dict, copy: bool, replays: tuple[bool, bool]) -> tuple[list[dict], int]:
+def rescore(records, spec: DeviceSpec, problems: dict, copy: bool, warm: bool) -> tuple[list[dict], int]:
     """Records with 'predicted' recomputed by the current features() and model; also returns
     how many stored features differed from the recomputed ones. `copy`: the recorded dense
-    backend copied its result into `out` (true of runs before commit fe55e6a). `replays`: how
-    the run's graph replays found the L2 (replays_of)."""
+    backend copied its result into `out` (true of runs before commit fe55e6a). `warm`: the
+    run's graph replays found the L2 as the previous call left it (runs 6 and 7; see
+    warm_replays)."""
     out, stale, failed = [], 0, {}
-    with replays_as(replays):
+    with replays_warm(warm):
         for r in records:
             row, differs = _rescored(r, spec, problems[r["problem"]], copy, failed)
             out.append(row)
@@ -92,23 +93,21 @@ def rescore(records, spec: DeviceSpec, problems: dict, copy: bool, replays: tupl
     return out, stale
 
 
-def replays_of(summary: dict) -> tuple[bool, bool]:
-    """How a recorded run replayed short calls: (warm: without evicting the L2, as runs 6 and 7
-    did; eval_tuner.py records 'replay_evicts_l2' since; clean: evicting by a read, recorded as
-    'replay_clean' since session 42)."""
-    return not summary.get("replay_evicts_l2", False), summary.get("replay_clean", False)
+def warm_replays(summary: dict) -> bool:
+    """Whether a recorded run replayed short calls without evicting the L2 (runs 6 and 7 did;
+    eval_tuner.py records 'replay_evicts_l2' since)."""
+    return not summary.get("replay_evicts_l2", False)
 
 
 @contextlib.contextmanager
-def replays_as(replays: tuple[bool, bool]):
-    """Predict as the recorded run's measurer timed (model.REPLAY_WARM, REPLAY_CLEAN), restored
-    on exit."""
-    saved = model.REPLAY_WARM, model.REPLAY_CLEAN
-    model.REPLAY_WARM, model.REPLAY_CLEAN = replays
+def replays_warm(warm: bool):
+    """Predict as the recorded run's measurer timed (model.REPLAY_WARM), restored on exit."""
+    saved = model.REPLAY_WARM
+    model.REPLAY_WARM = warm
     try:
         yield
     finally:
-        model.REPLAY_WARM, model.REPLAY_CLEAN = saved
+        model.REPLAY_WARM = saved
 
 
 def _rescored(r: dict, spec: DeviceSpec, p: Problem, copy, failed: dict) -> tuple[dict, bool]:
@@ -210,7 +209,7 @@ def _grid_axes():
 
 
 def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_frac: float, copy,
-         limit: int = 12, *, replays: tuple[bool, bool]) -> None:
+         limit: int = 12, *, warm: bool) -> None:
     """Score every combination of the fitted constants on the train half (recorded view, the
     tuner's fast-mode rule); the same rows on test are shown, never used to choose."""
     axes = _grid_axes()
@@ -225,7 +224,7 @@ def grid(records, spec: DeviceSpec, problems: dict, sets: dict, top_k: int, top_
                     s = dataclasses.replace(s, **{n: v})
                 else:
                     setattr(m, n, v)
-            new, _ = rescore(records, s, problems, copy, replays)
+            new, _ = rescore(records, s, problems, copy, warm)
             res = {}
             for half in ("train", "test"):
                 sub = [r for r in new if r["problem"] in sets[half]]
@@ -278,7 +277,7 @@ def main(argv=None) -> int:
         TIMED = ("bench", "graph", "quick")
     summary, records, spec, problems = load(data)
     records = [r for r in records if r["problem"] in problems]
-    new, stale = rescore(records, spec, problems, copy, replays_of(summary))
+    new, stale = rescore(records, spec, problems, copy, warm_replays(summary))
     sets = halves(problems, args.split)
     fast = dict(top_k=args.top_k, top_frac=args.top_frac)
     print(f"{len(problems)} problems, {len(records)} candidates ({sum(r.get('how') in TIMED for r in records)} "
@@ -316,7 +315,7 @@ def main(argv=None) -> int:
         print("timed: prediction error (median factor): " + accuracy(rows, problems))
 
     if args.grid:
-        grid(records, spec, problems, sets, args.top_k, args.top_frac, copy, replays=replays_of(summary))
+        grid(records, spec, problems, sets, args.top_k, args.top_frac, copy, warm=warm_replays(summary))
     if args.per_problem:
         print("\n== per problem, current model ==")
         groups = collections.defaultdict(list)

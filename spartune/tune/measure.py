@@ -1,16 +1,9 @@
 """Timing on the GPU, as /work/.library/device/METHOD.md and DESIGN.md ask: a warm-up call
 (compiles stay out), the median of triton.testing.do_bench, CUDA-graph replay for short calls
 (where launch gaps would dominate), and no cache left warm by the previous call: do_bench
-flushes the L2 before each call, and the graph replay evicts it before each call and subtracts
-the eviction's own time. A decode weight of a few MB (or a dense copy of 32 MB) would otherwise
-be timed from L2, which a model's layers never find (each evicts the last).
-
-Two evictions: a write of twice the L2 (do_bench's flush, and the benchmarks' figures since the
-start) and a read (`clean=True`). The write leaves dirty lines whose write-back the call's reads
-pay: ~15% of a bandwidth-bound call (cuBLAS at decode), little of a latency-bound one (the CSR
-decode kernels), so it favours the latter by 5-18% (benchmarks/LOG.md, session 34). A model's
-previous layer leaves clean lines (it read its weight), as the read does: the tuner times that
-way, so that its sparse-or-dense pick holds inside a model (LOG, session 42).
+flushes the L2 before each call, and the graph replay writes an L2-evicting buffer before each
+call and subtracts that write's own time. A decode weight of a few MB (or a dense copy of 32 MB)
+would otherwise be timed from L2, which a model's layers never find (each evicts the last).
 GPU only; importing it needs no GPU.
 """
 from __future__ import annotations
@@ -21,15 +14,13 @@ from typing import Callable, Sequence
 
 GRAPH_BELOW_S = 150e-6  # below this a call is also timed by graph replay (host launch costs ~50 us)
 REPLAY_EVICTS_L2 = True  # graph replays start from an evicted L2, as do_bench's calls do
-TUNER_EVICTS_CLEAN = True  # the tuner's replays evict by a read (the docstring; benchmarks keep the write)
 # How times are taken, part of every tuning-DB key: entries timed another way (the warm replays,
 # then cold ones as two separate medians, chosen before the CSR ell path existed; v1 timed
 # cuSPARSELt inside a capture, without the copy of x its own graph replay costs; v2 ranked long
 # calls by separate timings, before the tuner's finalists were timed in turns; v3 timed a CUDA
 # family's candidates with their launch bound again on every call, so host time could cut fast
-# ones: LOG, session 36; v4 evicted by a write, which favoured latency-bound kernels: session 42)
-# are not reused.
-MEASURER = "cold-replay-clean-v5" if REPLAY_EVICTS_L2 else "warm-replay"
+# ones: LOG, session 36) are not reused.
+MEASURER = "cold-replay-paired-v4" if REPLAY_EVICTS_L2 else "warm-replay"
 
 
 def rotating(fn: Callable, arg_sets: Sequence[tuple]) -> Callable[[], object]:
@@ -58,8 +49,7 @@ LAUNCH_SLACK_S = 100e-6  # a single call between two events also holds its host 
 
 
 def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup_ms: int = 25,
-                  rep_ms: int = 100, cold: bool = REPLAY_EVICTS_L2, clean: bool = False,
-                  bound: float | None = None) -> float:
+                  rep_ms: int = 100, cold: bool = REPLAY_EVICTS_L2, bound: float | None = None) -> float:
     """Median seconds of one call of `fn` (launch included), each call finding a cold L2.
 
     graph=None decides by length: a call whose do_bench time is under GRAPH_BELOW_S is
@@ -67,8 +57,7 @@ def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup
     kernels launched from Python are host-bound under do_bench (tens of us of launch cost),
     so without this every implementation would measure its launcher, not its kernel. Both
     timings evict the L2 before each call (do_bench by its flush, the replay by cold_replay).
-    cold=False replays without the eviction (calibration: L2 reads, an empty launch); clean: the
-    replay evicts by a read (the tuner's way, above).
+    cold=False replays without the eviction (calibration: L2 reads, an empty launch).
     bound: a call that alone takes longer (the faster of two, after the first, which compiles) is
     not timed further: its time, a warm underestimate, is returned at once (the tuner's slow
     candidates).
@@ -79,7 +68,7 @@ def time_callable(fn: Callable[[], object], *, graph: bool | None = None, warmup
 
     def replay():
         if cold:
-            return cold_replay(fn, rep_ms, clean=clean)
+            return cold_replay(fn, rep_ms)
         return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
 
     fn()  # compile and load outside the timed region
@@ -158,32 +147,19 @@ def replay_seconds(graph, calls: int, events) -> float:
     return start.elapsed_time(end) * 1e-3 / calls
 
 
-def _evict_buffer(clean: bool = False):
-    """A buffer of twice the L2 (per device and way), whose write (or read) evicts every operand
-    from L2. The read's buffer is its own, so no write ever leaves its lines dirty."""
+def _evict_buffer():
+    """A buffer of twice the L2 (per device), whose write evicts every operand from L2."""
     import torch
 
-    key = (torch.cuda.current_device(), clean)
-    evict = _EVICT.get(key)
+    device = torch.cuda.current_device()
+    evict = _EVICT.get(device)
     if evict is None:
-        l2 = torch.cuda.get_device_properties(key[0]).L2_cache_size
-        evict = _EVICT[key] = torch.zeros(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        evict = _EVICT[device] = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
     return evict
 
 
-def _evictor(clean: bool) -> Callable[[], object]:
-    """The eviction as a call: a write of the buffer, or (clean) a sum over it (one scalar written)."""
-    import torch
-
-    evict = _evict_buffer(clean)
-    if not clean:
-        return evict.zero_
-    total = torch.empty((), dtype=torch.int64, device=evict.device)
-    return lambda: torch.sum(evict, dim=0, out=total)
-
-
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cycles: int = 0, *,
-                clean: bool = False) -> dict[str, float]:
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cycles: int = 0) -> dict[str, float]:
     """Seconds per call of each of `fns` (medians), timed in turns, the order rotating each round,
     the L2 evicted before every call; and under "ratio:<name>" the median over rounds of the first
     fn's time over <name>'s. Why: a long GEMM runs the H100 at its 700 W cap, where the clock
@@ -192,7 +168,7 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
     idle_cycles > 0: the GPU idles that long (a sleeping kernel, outside the timed events) before
     each call's eviction write, so every call starts from about the same cool state, the most
     repeatable of the two. For calls of ~100 us and more: the events are read at the end, so the
-    host keeps the GPU's queue ahead and its launch time stays out. clean: evicted by a read."""
+    host keeps the GPU's queue ahead and its launch time stays out."""
     import statistics
 
     import torch
@@ -200,7 +176,7 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
     if not fns or rounds < 1 or idle_cycles < 0:
         raise ValueError(f"interleaved needs callables, rounds >= 1 and idle_cycles >= 0; got {len(fns)} callables, "
                          f"rounds={rounds}, idle_cycles={idle_cycles}")
-    evict = _evictor(clean)
+    evict = _evict_buffer()
     names = list(fns)
     for name in names:  # warm-up: compiles, lazy allocations, tuning
         fns[name]()
@@ -210,7 +186,7 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if idle_cycles:
                 torch.cuda._sleep(idle_cycles)
-            evict()
+            evict.zero_()
             start.record()
             fns[name]()
             end.record()
@@ -223,27 +199,27 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 21, idle_cyc
     return out
 
 
-def cold_replay(fn: Callable[[], object], rep_ms: float = 100, *, clean: bool = False) -> float:
-    """Seconds per call of `fn` replayed in a CUDA graph after a write (clean: a read) of twice
-    the L2 (so no operand is left in L2 by the previous call), minus the replayed eviction alone.
-    The two graphs are replayed in turns and the median of the paired differences is kept, so a
-    drift of the ~35 us eviction between rounds cancels instead of landing on a short call.
-    Rounds of ~1 ms (more rounds when rep_ms > 10). Raises when nothing is left.
-    (The write leaves dirty lines whose write-back the call's reads pay and the next write
-    saves; do_bench's flush charges it the same way: the module's docstring.)"""
+def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
+    """Seconds per call of `fn` replayed in a CUDA graph after a write of twice the L2 (so no
+    operand is left in L2 by the previous call), minus the replayed write alone. The two graphs
+    are replayed in turns and the median of the paired differences is kept, so a drift of the
+    ~35 us write between rounds cancels instead of landing on a short call. Rounds of ~1 ms
+    (more rounds when rep_ms > 10). Raises when nothing is left.
+    (Known, benchmarks/LOG.md: the write leaves dirty lines whose write-back the call's reads
+    pay and the next write saves; do_bench's flush charges it the same way.)"""
     import torch
 
-    evict = _evictor(clean)
+    evict = _evict_buffer()
     events = _events()
     timed = lambda graph, reps: replay_seconds(graph, reps, events)  # noqa: E731
-    both = lambda: (evict(), fn())  # noqa: E731
+    both = lambda: (evict.zero_(), fn())  # noqa: E731
     graphs = []  # reset at the end: their memory goes back at once, not when they are collected
     try:
         graphs.append(capture(both)[0])
         once = timed(graphs[0], 1)  # a first estimate sizes the rounds: ~1 ms each, so the
         reps = max(8, min(50, int(1e-3 / max(once, 1e-6))))  # write's jitter averages over the calls
         rounds = 7 if rep_ms <= 10 else 15
-        graphs += [capture(both, reps)[0], capture(evict, reps)[0]]
+        graphs += [capture(both, reps)[0], capture(evict.zero_, reps)[0]]
         g_both, g_write = graphs[1:]
         timed(g_both, reps), timed(g_write, reps)  # first replays warm up, untimed
 
@@ -308,7 +284,7 @@ def measure_candidate(candidate, bound: float | None = None, *, brief: bool = Tr
     if candidate.run is None:
         raise ValueError(f"candidate {candidate.backend} has no run callable to measure")
     timing = dict(warmup_ms=TUNE_WARMUP_MS, rep_ms=TUNE_REP_MS) if brief else {}
-    return time_callable(candidate.run, graph=candidate.graph, bound=bound, clean=TUNER_EVICTS_CLEAN, **timing)
+    return time_callable(candidate.run, graph=candidate.graph, bound=bound, **timing)
 
 
 def in_turns(candidates, *, brief: bool = True) -> list[float]:
@@ -317,5 +293,5 @@ def in_turns(candidates, *, brief: bool = True) -> list[float]:
     fns = {i: c.run for i, c in enumerate(candidates)}
     if any(fn is None for fn in fns.values()):
         raise ValueError("a candidate has no run callable to measure")
-    times = interleaved(fns, rounds=11 if brief else 21, clean=TUNER_EVICTS_CLEAN)
+    times = interleaved(fns, rounds=11 if brief else 21)
     return [times[i] for i in fns]

@@ -10,9 +10,7 @@ tensor-core / CUDA-core / L2 rates, compulsory DRAM traffic as a budget of the w
 (with the write-back of the dirty lines it evicts; imperfectly overlapped with the loop), load
 imbalance (the longest tile bounds a short launch), the split-K reduction and launch overhead.
 It predicts what the measurer reports: a call that finds the L2 evicted, launched from a CUDA
-graph when short (`predict`), its reads paying the write-back of dirty lines when long (do_bench's
-flush) and not when replayed (the tuner's replays evict by a read; REPLAY_CLEAN off for the
-runs recorded before, which evicted by a write). REPLAY_WARM switches on the older measurer's replays, which
+graph when short (`predict`). REPLAY_WARM switches on the older measurer's replays, which
 found a small working set still in L2 (the recorded runs 6 and 7 were timed that way). The dense backend (cuBLAS) has
 its own roofline, `dense_gemm_seconds`.
 
@@ -25,7 +23,7 @@ from __future__ import annotations
 import math
 
 from .device import DeviceSpec, dtype_name
-from .measure import GRAPH_BELOW_S, REPLAY_EVICTS_L2, TUNER_EVICTS_CLEAN
+from .measure import GRAPH_BELOW_S, REPLAY_EVICTS_L2
 from .problem import ELEMENT_BYTES, KernelFeatures
 
 # Tile loads by cp.async / TMA (the kernels' main loops) stream through L2 about 1.5x faster than
@@ -46,9 +44,6 @@ SPLIT_FIXUP_TRIPS = 3
 # evicts the L2 before each replayed call (measure.cold_replay); benchmarks/fit_model.py sets
 # this to True to rescore runs 6 and 7, whose replays did not.
 REPLAY_WARM = not REPLAY_EVICTS_L2
-# Whether those replays evict by a read, leaving clean lines (no write-back in a replayed call's
-# reads); benchmarks/fit_model.py sets it to False for the runs recorded before session 42.
-REPLAY_CLEAN = REPLAY_EVICTS_L2 and TUNER_EVICTS_CLEAN
 
 # A warm graph replay finds a launch's operands still in L2 (l2_hit_share): all of them
 # when they take at most the first share of the L2, none beyond the second (set conflicts, the
@@ -104,8 +99,6 @@ def predict(features: KernelFeatures, device: DeviceSpec, dtype, *, graphed: boo
     """
     f = features
     cold = _predict(f, device, dtype, graphed, hit=None)
-    if graphed and REPLAY_CLEAN and cold < GRAPH_BELOW_S:  # replayed after a read: clean lines
-        cold = _predict(f, device, dtype, graphed, hit=None, dirty=False)
     hit = l2_hit_share(f.dram_bytes, device)
     if graphed and REPLAY_WARM and hit > 0:
         warm = _predict(f, device, dtype, graphed, hit=hit)
@@ -121,10 +114,9 @@ def l2_hit_share(working_set: float, device: DeviceSpec) -> float:
     return min(1.0, max(0.0, (hi - working_set / device.l2_bytes) / (hi - lo)))
 
 
-def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: float | None,
-             dirty: bool = True) -> float:
-    """One launch, cold (hit None: after the measurer's flush or eviction, a write unless not
-    `dirty`) or warm (a share `hit` of the working set in L2)."""
+def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: float | None) -> float:
+    """One launch, cold (hit None: after the measurer's flush) or warm (a share `hit` of the
+    working set in L2)."""
     rate_mma = device.matrix_rate(dtype) / device.sms  # per SM; also checks dtype
     launch = f.launches * (device.graph_launch_s if graphed else device.launch_s)
     if f.tiles <= 0:
@@ -135,7 +127,7 @@ def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: f
     rate_fma = device.fma / device.sms
     rate_l2 = L2_TILE_SPEEDUP * device.l2_bw / device.sms
     if hit is None:
-        latency, dram = device.mem_latency_s, _dram_seconds(f.dram_bytes, device, dirty)
+        latency, dram = device.mem_latency_s, _dram_seconds(f.dram_bytes, device)
     else:  # replayed: the misses stream from DRAM through an L2 of clean lines (no write-backs)
         latency = device.l2_latency_s + (1.0 - hit) * (device.mem_latency_s - device.l2_latency_s)
         dram = (1.0 - hit) * f.dram_bytes / device.dram_bw
@@ -190,10 +182,10 @@ def _predict(f: KernelFeatures, device: DeviceSpec, dtype, graphed: bool, hit: f
 WRITEBACK_SHARE = 1.0
 
 
-def _dram_seconds(read_bytes: float, device: DeviceSpec, dirty: bool = True) -> float:
+def _dram_seconds(read_bytes: float, device: DeviceSpec) -> float:
     """Reading `read_bytes` from DRAM through an L2 full of dirty lines (dram_bw counts bytes
-    read + written), or of clean ones."""
-    return (read_bytes + (WRITEBACK_SHARE if dirty else 0.0) * min(read_bytes, device.l2_bytes)) / device.dram_bw
+    read + written)."""
+    return (read_bytes + WRITEBACK_SHARE * min(read_bytes, device.l2_bytes)) / device.dram_bw
 
 
 # --- dense GEMM: a tiled kernel's features, and the cuBLAS backend on the same scale -----------
@@ -275,8 +267,6 @@ def dense_gemm_seconds(m: int, k: int, n: int, dtype, device: DeviceSpec, *, lay
 
     launch = device.graph_launch_s if graphed else device.launch_s
     seconds = gemm(device.mem_latency_s, _dram_seconds(operands, device))
-    if graphed and REPLAY_CLEAN and seconds < GRAPH_BELOW_S:  # replayed after a read, as in predict()
-        seconds = gemm(device.mem_latency_s, _dram_seconds(operands, device, dirty=False))
     hit = l2_hit_share(operands, device)
     if graphed and REPLAY_WARM and hit > 0:  # operands (partly) left in L2 by a warm replay, as in predict()
         warm = gemm(device.l2_latency_s + (1.0 - hit) * (device.mem_latency_s - device.l2_latency_s),

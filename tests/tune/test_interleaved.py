@@ -1,5 +1,4 @@
 """measure.interleaved's bookkeeping on the CPU: a fake clock stands in for CUDA events."""
-import pytest
 import torch
 
 from spartune.tune import measure
@@ -34,7 +33,7 @@ def test_interleaved_rotates_the_order_and_pairs_the_rounds(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(measure, "_evict_buffer", lambda clean=False: torch.empty(4))
+    monkeypatch.setattr(measure, "_evict_buffer", lambda: torch.empty(4))
     fns = {"dense": clock.call("dense", 3e-4), "ours": clock.call("ours", 2e-4), "other": clock.call("other", 6e-4)}
     out = measure.interleaved(fns, rounds=4)
     assert clock.order[:3] == ["dense", "ours", "other"]  # the warm-up, once each
@@ -52,7 +51,7 @@ def test_interleaved_idles_before_each_call_when_asked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: sleeps.append(cycles), raising=False)
-    monkeypatch.setattr(measure, "_evict_buffer", lambda clean=False: torch.empty(4))
+    monkeypatch.setattr(measure, "_evict_buffer", lambda: torch.empty(4))
     out = measure.interleaved({"a": clock.call("a", 1e-4), "b": clock.call("b", 4e-4)}, rounds=3, idle_cycles=7)
     assert sleeps == [7] * 6  # one idle per timed call, none for the warm-up
     assert abs(out["ratio:b"] - 0.25) < 1e-9
@@ -65,31 +64,3 @@ def test_interleaved_refuses_nothing_to_time():
     for fns, rounds, idle in (({}, 3, 0), ({"a": lambda: None}, 0, 0), ({"a": lambda: None}, 3, -1)):
         with pytest.raises(ValueError, match="interleaved needs"):
             measure.interleaved(fns, rounds=rounds, idle_cycles=idle)
-
-
-@pytest.mark.parametrize("clean", [False, True])
-def test_the_eviction_writes_or_only_reads(monkeypatch, clean):
-    """clean=True (the tuner's way) evicts by reading the buffer, which a write would leave
-    dirty in L2 (its write-back then charged to the timed call): the buffer is never written."""
-    clock = FakeClock()
-    monkeypatch.setattr(torch.cuda, "Event", clock.event)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    buffers = {False: torch.full((8,), 7, dtype=torch.int32), True: torch.full((8,), 7, dtype=torch.int32)}
-    monkeypatch.setattr(measure, "_evict_buffer", lambda clean=False: buffers[clean])
-    measure.interleaved({"a": clock.call("a", 1e-4)}, rounds=2, clean=clean)
-    assert bool((buffers[clean] == 7).all()) is clean
-    assert bool((buffers[not clean] == 7).all())
-
-
-def test_the_tuner_times_with_the_clean_eviction(monkeypatch):
-    """measure_candidate and in_turns (the tuner's two timings) evict by reading."""
-    seen = {}
-    monkeypatch.setattr(measure, "time_callable", lambda fn, **kw: seen.setdefault("time", kw) and 1.0)
-    monkeypatch.setattr(measure, "interleaved", lambda fns, **kw: seen.setdefault("turns", kw) and {i: 1.0 for i in fns})
-
-    class Candidate:
-        run, graph = staticmethod(lambda: None), None
-
-    measure.measure_candidate(Candidate())
-    measure.in_turns([Candidate(), Candidate()])
-    assert seen["time"]["clean"] is True and seen["turns"]["clean"] is True

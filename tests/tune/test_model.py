@@ -212,17 +212,7 @@ def test_dense_predictions_track_cublas():
 _SWEEP = [dict(bn=bn, stages=s, warps=w) for bn in (64, 128, 256) for s in (2, 3, 4) for w in (4, 8)]
 
 
-@pytest.fixture
-def write_evicted(monkeypatch):
-    """The model as the measurer was before session 42 (every eviction a write): what the
-    recorded measurements these tests compare with were timed under."""
-    from spartune.tune import model
-
-    monkeypatch.setattr(model, "REPLAY_CLEAN", False)
-
-
 @pytest.mark.parametrize("shape, measured", [((11008, 4096, 2048), 53e-6), ((3072, 768, 4096), 20e-6)])
-@pytest.mark.usefixtures("write_evicted")
 def test_block_sparse_against_the_recorded_sweep(shape, measured):
     """A 12-point sweep of a 25-line BSR kernel (block 64) measured 4.7-5.0x over dense on
     llama-7B up at 90% (~53 us) and 1.7x on bert-base ffn1 (~20 us); the plain kernel 61 us."""
@@ -237,7 +227,6 @@ def test_block_sparse_against_the_recorded_sweep(shape, measured):
         "per byte read, so BERT ffn1 (25 MB of output) is predicted at 28 us, measured ~20 us, "
         "and its 1.7x over dense comes out 1.1x; benchmarks/LOG.md, tuner with cold replays"))),
 ])
-@pytest.mark.usefixtures("write_evicted")
 def test_the_model_sees_that_sparsity_pays_at_90_percent(shape):
     best = min(t(blocked(*shape, 0.1, **c)) for c in _SWEEP)
     assert best < dense_gemm_seconds(*shape, "float16", H100) / 1.3
@@ -255,17 +244,13 @@ def test_a_replay_is_never_slower_than_a_cold_call(m, k, n, density):
     assert t(f) <= predict(f, H100, "float16", graphed=False)
 
 
-def test_replays_are_cold_and_clean_as_the_measurer_times_them():
-    # the tuner's replays evict the L2 by a read before each call: no warm path in predict(), and
-    # no write-back of dirty lines in a replayed call's reads (a long call's do_bench flush writes)
+def test_replays_are_cold_as_the_measurer_times_them():
+    # measure.cold_replay evicts the L2 before each replayed call: no warm path in predict()
     from spartune.tune import model
 
     small = blocked(4096, 4096, 16, 0.1)
-    assert not model.REPLAY_WARM and model.REPLAY_CLEAN
-    clean = model._predict(small, H100, "float16", True, hit=None, dirty=False)
-    assert t(small) == pytest.approx(clean) and clean < model._predict(small, H100, "float16", True, hit=None)
-    long = blocked(11008, 4096, 4096, 0.5)
-    assert t(long) > 150e-6 and t(long) == pytest.approx(model._predict(long, H100, "float16", True, hit=None))
+    assert not model.REPLAY_WARM
+    assert t(small) == pytest.approx(model._predict(small, H100, "float16", True, hit=None))
     assert dense_gemm_seconds(4096, 4096, 16, "float16", H100) > 32e6 / H100.dram_bw
 
 
@@ -274,7 +259,6 @@ def test_only_a_working_set_that_fits_in_l2_replays_warm(monkeypatch):
     from spartune.tune import model
 
     monkeypatch.setattr(model, "REPLAY_WARM", True)
-    monkeypatch.setattr(model, "REPLAY_CLEAN", False)
     small = blocked(4096, 4096, 16, 0.1)  # ~3.5 MB
     large = blocked(11008, 4096, 16, 1.0)  # ~90 MB, beyond the 50 MB L2
     assert model.l2_hit_share(small.dram_bytes, H100) == 1.0 and model.l2_hit_share(large.dram_bytes, H100) == 0.0
@@ -318,7 +302,6 @@ def test_shfl_runs_like_blocks_in_the_spmm_layout_only():
         assert _blocked_time("shfl:64", m, k, n, 0.1, bn=128, layout="linear") > 2 * shfl
 
 
-@pytest.mark.usefixtures("write_evicted")
 def test_csr_decode_prefers_the_ell_copy():
     # the row paths load row pointers before their first index: one dependent round trip the
     # banded ELL copy does not make (measured at N = 1: 7.3 -> 6.0 us cold, benchmarks/LOG.md)
@@ -364,11 +347,11 @@ def test_ranking_on_the_recorded_h100_run():
     from spartune.tune.tuner import evaluate
 
     summary, records, spec, problems = fit_model.load(data)
-    assert fit_model.replays_of(summary) == (True, False)  # run 6 replayed without evicting the L2
+    assert fit_model.warm_replays(summary)  # run 6 replayed without evicting the L2
     # its Shfl-BW records timed the kernel before v2 (LOG "Shfl-BW v2"): not this model's kernel
     problems = {i: p for i, p in problems.items() if not p.fmt.startswith("shfl")}
     records = [r for r in records if r["problem"] in problems]
-    rows, _ = fit_model.rescore(records, spec, problems, None, fit_model.replays_of(summary))
+    rows, _ = fit_model.rescore(records, spec, problems, None, fit_model.warm_replays(summary))
     ev = evaluate(rows)
     assert ev["problems"] == 48  # of 64
     assert ev["model"]["within_15"] >= 0.85
