@@ -27,8 +27,9 @@ merged layers' sparse weight twice in memory, made again when a part changes).
 
 Under torch.autocast, layers call spartune::linear_cast (their weights' low-precision copies);
 the passes treat it as a linear and keep its cast: siblings, each casting x itself, merge into a
-stack of the copies, and epilogues fuse past the autocast region each layer runs in. A
-convolution's prologue is not fused there (x reaches the linear through a cast).
+stack of the copies, epilogues fuse past the autocast region each layer runs in, and a
+convolution's prologue fuses where the layer's cast of x changes nothing (the convolution ran in
+that dtype under the same autocast).
 
 The pass installs itself when a spartune operator is traced (importing Inductor's config costs
 ~1 s, not paid by eager users); a pre-grad pass the user set (one, or a list) runs after it.
@@ -250,8 +251,7 @@ def fuse_prologues(graph: torch.fx.Graph) -> int:
     wrote act(conv + bias) back is gone. Returns how many linears were rewritten."""
     fused = 0
     for node in list(graph.nodes):
-        # (under autocast, x reaches linear_cast through a cast: no prologue there)
-        if not _is_linear(node) or _cast_of(node) is not None or _value(node) is None or _value(node).requires_grad:
+        if not _is_linear(node) or _value(node) is None or _value(node).requires_grad:
             continue
         found = _biased_producer(node.args[0])
         if found is None:
@@ -280,7 +280,8 @@ def _biased_producer(x):
     each node the only user of the one before and x read by the linear alone; else None."""
     node, act, name, chain = x, None, None, []
     while len(node.users) == 1:
-        if _calls(node, _LAYOUT_METHODS, _LAYOUT_FUNCTIONS) and node.args and isinstance(node.args[0], torch.fx.Node):
+        if (_calls(node, _LAYOUT_METHODS, _LAYOUT_FUNCTIONS) and node.args and isinstance(node.args[0], torch.fx.Node)
+                or _same_dtype_cast(node)):
             chain.append(node)
         elif act is None and _activation_name(node) is not None and isinstance(node.args[0], torch.fx.Node):
             act, name = node, _activation_name(node)
@@ -297,6 +298,15 @@ def _biased_producer(x):
     if not _channels_end_last(conv, chain, x):
         return None
     return conv, conv.args[2], act, name
+
+
+def _same_dtype_cast(node) -> bool:
+    """x.to(dtype) where x has that dtype already: linear_cast's cast of a convolution's output
+    that autocast ran in the same dtype (it changes nothing)."""
+    if _source(node) is node:
+        return False
+    before, after = _value(node.args[0]), _value(node)
+    return before is not None and after is not None and before.dtype == after.dtype and before.device == after.device
 
 
 def _channels_end_last(conv, chain, x) -> bool:
@@ -318,7 +328,7 @@ def _channels_end_last(conv, chain, x) -> bool:
         elif name == "transpose":
             d0, d1 = (d % before.dim() for d in args)
             pos = d1 if pos == d0 else d0 if pos == d1 else pos
-        elif name == "contiguous":
+        elif name in ("contiguous", "to"):  # (a cast in the chain changes no dtype: _same_dtype_cast)
             continue
         elif pos == before.dim() - 1 and after.dim() > 0 and after.shape[-1] == channels:
             pos = after.dim() - 1

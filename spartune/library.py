@@ -151,21 +151,25 @@ def _(x, weight, spec, bias, activation, residual, scale, out_dtype, cast):
     return _linear_fake(x, weight, spec, bias, activation, residual, scale, out_dtype or cast)
 
 
-@_operator("linear_prologue(Tensor x, Tensor input_bias, str? input_activation, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype) -> Tensor")
+@_operator("linear_prologue(Tensor x, Tensor input_bias, str? input_activation, Tensor[] weight, str spec, Tensor? bias, str? activation, Tensor? residual, float scale, ScalarType? out_dtype, ScalarType? cast=None) -> Tensor")
 def _linear_prologue(x: Tensor, input_bias: Tensor, input_activation: Optional[str], weight: list[Tensor], spec: str,
                      bias: Optional[Tensor], activation: Optional[str], residual: Optional[Tensor], scale: float,
-                     out_dtype: Optional[torch.dtype]) -> Tensor:
+                     out_dtype: Optional[torch.dtype], cast: Optional[torch.dtype] = None) -> Tensor:
     """linear on input_activation(x + input_bias): what spartune.fusion writes where x is a
     convolution's output passed through its bias and activation (no autograd: the pass leaves
-    graphs that record gradients alone)."""
+    graphs that record gradients alone). With `cast`, linear_cast's: the weight's and bias's
+    kept copies in that dtype (an fp32 input_bias is read as it is: the kernels take it)."""
+    A = format_of(weight, spec)
+    if cast is not None:
+        A, bias = cast_copy(A, cast), cast_bias(A, bias, cast)
     with direct_launches():
-        y = ops.linear(x, format_of(weight, spec), bias, activation, residual, scale=scale, out_dtype=out_dtype,
+        y = ops.linear(x, A, bias, activation, residual, scale=scale, out_dtype=out_dtype,
                        input_bias=input_bias, input_activation=input_activation)
     return y.contiguous()
 
 
 @_fake(_linear_prologue)
-def _(x, input_bias, input_activation, weight, spec, bias, activation, residual, scale, out_dtype):
+def _(x, input_bias, input_activation, weight, spec, bias, activation, residual, scale, out_dtype, cast=None):
     return _output_like(x, *_shape(spec), out_dtype)
 
 

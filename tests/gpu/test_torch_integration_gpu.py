@@ -161,6 +161,36 @@ def test_prologue_fusion_in_a_separable_block_under_cuda_graphs(pattern, sparsit
 
 
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS)
+def test_prologue_fusion_under_autocast(pattern, sparsity, monkeypatch):
+    """The same block in float32 under fp16 autocast, compiled with CUDA graphs: the depthwise
+    convolution runs in fp16, so its fp32 bias and ReLU still move into the sparse layer's load
+    (linear_cast's fp16 weight copy); the output matches the float64 reference."""
+    import torch._inductor.config as inductor
+
+    from spartune import fusion
+
+    torch.manual_seed(0)
+    c, out = 96, 160
+    block = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c), nn.ReLU(inplace=True), nn.Conv2d(c, out, 1),
+                          nn.ReLU(inplace=True)).cuda().eval()
+    st.sparsify(block, pattern, sparsity)
+    counted = []
+    real = fusion.fuse_prologues
+    monkeypatch.setattr(fusion, "fuse_prologues", lambda g: counted.append(real(g)) or counted[-1])
+    dw, w = block[0], block[2].weight.to_dense().double()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16), inductor.patch(force_disable_caches=True):
+        compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+        for seed in range(3):
+            x = torch.randn(4, c, 14, 14, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+            x = x.to(memory_format=torch.channels_last)
+            y = compiled(x)
+            h = F.relu(F.conv2d(x.double(), dw.weight.double(), dw.bias.double(), padding=1, groups=c))
+            expect = F.relu(torch.einsum("bchw,oc->bohw", h, w) + block[2].bias.double()[:, None, None])
+            assert y.dtype == torch.float16 and rel_err(y, expect) < TOL, seed
+    assert counted == [1]
+
+
+@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
 def test_a_first_call_with_nan_and_inf_tokens(pattern, sparsity):
     """A layer's first call (the tuner measuring on the GPU) whose input holds a NaN token, then
     one whose only token holds an inf: neither fails; finite outputs match the float64 reference

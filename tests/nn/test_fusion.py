@@ -486,3 +486,31 @@ def test_siblings_of_a_model_built_under_inference_mode_merge():
         out, removed, calls = merged_graph(fn, h)
         torch.testing.assert_close(out, fn(h), **TOL)
     assert (removed, calls) == (2, 1)
+
+
+@pytest.mark.parametrize("pattern", ["block:16", "csr"])
+def test_under_autocast_a_convolutions_prologue_moves_into_linear_cast(pattern):
+    """A float32 separable block under autocast: the convolution runs in fp16, so the pointwise
+    layer's cast of x changes nothing and the bias and ReLU move into its linear (fp32 bias read
+    as it is); the output is eager autocast's within fp16 rounding. Where the cast does change
+    x's dtype (the convolution run outside autocast), nothing moves."""
+    block = separable(pattern)
+    x = torch.randn(2, 16, 5, 6).to(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        expect = block(x.clone())
+        out, fused, biased = prologue_graph(block, x)
+    assert (fused, biased) == (1, False)
+    assert out.dtype == expect.dtype == torch.float16
+    torch.testing.assert_close(out.float(), expect.float(), rtol=2e-2, atol=2e-2)
+    depthwise, pointwise = block[0], block[2]
+
+    def fp32_convolution(x):
+        with torch.autocast("cpu", enabled=False):
+            h = F.relu(depthwise(x))
+        return pointwise(h)
+
+    torch._dynamo.reset()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        out, fused, biased = prologue_graph(fp32_convolution, x)
+        torch.testing.assert_close(out.float(), fp32_convolution(x).float(), rtol=2e-2, atol=2e-2)
+    assert (fused, biased) == (0, True)
