@@ -31,7 +31,7 @@ gpu_tests() {  # $1: log name, then pytest's selection
   timeout "${TEST_S:-480}" python -m pytest -q -rf -m gpu -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
 }
 if [ "${TESTS:-1}" = 1 ]; then
-  gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py tests/gpu/test_cuda_layer_gpu.py & p1=$!
+  gpu_tests gpu_tests_blocked.log tests/gpu/test_blocked_gpu.py tests/gpu/test_cuda_layer_gpu.py tests/gpu/test_hf_generate_gpu.py & p1=$!
   # (torch integration alone ran 350 s in session 41: with the blocked tests it passed TEST_S)
   gpu_tests gpu_tests_torch.log tests/gpu/test_torch_integration_gpu.py tests/gpu/test_memory_policy_gpu.py & p11=$!
   gpu_tests gpu_tests_csr1.log tests/gpu/test_csr_gpu.py -k "spmm_every_config" & p2=$!
