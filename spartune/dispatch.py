@@ -413,7 +413,9 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
         ours, library = linear_runs(A, x, out, bias, activation, residual, scale, prologue)
         return choose("linear", A, A.shape[1], x.shape[0], x.dtype, epilogue, ours, library,
                       expected=lambda: reference.linear(x, A, bias, activation, residual, scale, prologue),
-                      result=lambda y: y, layout=_layout(x), out_dtype=out.dtype)
+                      result=lambda y: y, layout=_layout(x), out_dtype=out.dtype,
+                      rotated=rotated_timer(A, x, out, bias, activation, residual, scale, prologue)
+                      if A.device.type == "cuda" else None)
 
     def stand_ins():  # the same layouts; a generator of their own (the user's random stream is left alone)
         gen = torch.Generator(x.device).manual_seed(0)
@@ -549,14 +551,17 @@ def _values_op(st, op, pattern, key, n, dtype, run, dense, expected):
 
 
 # --- the tuner call ------------------------------------------------------------------------------
-def candidates(problem: Problem, ours: dict, library: dict, check=None, device=None) -> list:
+def candidates(problem: Problem, ours: dict, library: dict, check=None, device=None, rotated=None) -> list:
     """Every candidate: our configs with their cost-model features, the library backends with a
     predicted time (a prior for ranking; fast mode measures every library backend anyway).
     `check(run)` -> a callable that runs and verifies a candidate, or None; `device`: the
-    DeviceSpec of the prior (default: the tuner's)."""
+    DeviceSpec of the prior (default: the tuner's); `rotated(backend, config, nbytes)` -> seconds
+    on rotating weight copies (rotated_timer), given to our configs and dense."""
+    from .tune.problem import ELEMENT_BYTES
     from .tune.tuner import Candidate
 
     device = device or get_tuner().device
+    timer = (lambda *args: functools.partial(rotated, *args)) if rotated else (lambda *args: None)
     out = []
     for family, run_cfg in ours.items():
         compiles = family.language == "cuda" and run_cfg is not None
@@ -565,14 +570,39 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
             run = lambda cfg=cfg, run_cfg=run_cfg: run_cfg(cfg)  # noqa: E731
             prepare = (lambda cfg=cfg, family=family: _precompile(family.instances(problem, cfg), index)) \
                 if compiles else None
-            out.append(Candidate(family.name, cfg, family.features(problem, cfg), run=run,
-                                 check=check(run) if check else None, prepare=prepare))
+            features = family.features(problem, cfg)
+            out.append(Candidate(family.name, cfg, features, run=run, check=check(run) if check else None,
+                                 prepare=prepare, rotated=timer(family.name, cfg, features.dram_bytes)))
     for name, run in library.items():
         out.append(Candidate(name, None, predicted=_library_prior(problem, name, device), run=run,
                              check=check(run) if check else None, library=True,
                              graph=False if name in backends.REPLAY_OWN_GRAPHS else None,
-                             floor=_library_floor(problem, name, device)))
+                             floor=_library_floor(problem, name, device),
+                             rotated=timer(name, None, problem.m * problem.k * ELEMENT_BYTES[problem.dtype])
+                             if name == "dense" and problem.op == "linear" else None))
     return out
+
+
+ROTATED_COPIES = 32  # at most, for a rotated timing: a smaller weight is not timed so (tuner.ROTATE_MARGIN)
+
+
+def rotated_timer(A, x, out, bias=None, activation=None, residual=None, scale=1.0, prologue=None):
+    """rotated(backend, config, nbytes) -> seconds per call of that backend computing `out` on
+    fresh copies of A called in turn (measure.rotated_replay; nbytes: what one call reads of its
+    copy): how the tuner ranks our best against dense at a margin."""
+    from .tune import measure
+
+    def rotated(backend, config, nbytes):
+        launches = {}  # one launcher per copy (a CUDA family binds to its weight)
+
+        def call(W):
+            if id(W) not in launches:
+                launches[id(W)] = launcher(W, backend, config)
+            return launches[id(W)](W, x, out, bias, activation, residual, scale, prologue)
+
+        return measure.rotated_replay(call, A, nbytes, most=ROTATED_COPIES)
+
+    return rotated
 
 
 def compile_space(A, n: int, dtype=None) -> int:
@@ -633,7 +663,8 @@ def _library_prior(problem: Problem, name: str, device) -> float:
     return 2 * m * k * n / device.matrix_rate(problem.dtype) + 3 * dense_out * 4 / device.dram_bw
 
 
-def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout="linear", out_dtype=None):
+def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout="linear", out_dtype=None,
+           rotated=None):
     """The tuner's Choice for this problem. `expected()` is the float64 truth (computed once, and
     only if a tuning checks) and `result(output)` puts a candidate's output in the same shape, for
     the one check of the winner, held to the truth where an `out_dtype` result can be
@@ -687,7 +718,7 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             return _STALE
         return cfg if cfg in family.space(problem) else _STALE
 
-    return tuner.pick(problem, lambda: candidates(problem, ours, library, check), rebuild=rebuild, stale=_STALE,
+    return tuner.pick(problem, lambda: candidates(problem, ours, library, check, rotated=rotated), rebuild=rebuild, stale=_STALE,
                       checkable=checkable)
 
 

@@ -19,8 +19,9 @@ REPLAY_EVICTS_L2 = True  # graph replays start from an evicted L2, as do_bench's
 # cuSPARSELt inside a capture, without the copy of x its own graph replay costs; v2 ranked long
 # calls by separate timings, before the tuner's finalists were timed in turns; v3 timed a CUDA
 # family's candidates with their launch bound again on every call, so host time could cut fast
-# ones: LOG, session 36) are not reused.
-MEASURER = "cold-replay-paired-v4" if REPLAY_EVICTS_L2 else "warm-replay"
+# ones: LOG, session 36; v4 ranked our best against dense at a margin by the write-evicted
+# timing, which flatters latency-bound kernels: LOG, session 43) are not reused.
+MEASURER = "cold-replay-paired-v6" if REPLAY_EVICTS_L2 else "warm-replay"
 
 
 def rotating(fn: Callable, arg_sets: Sequence[tuple]) -> Callable[[], object]:
@@ -241,19 +242,27 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
 
 
 def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, reps: int = 4,
-                   rounds: int = 7) -> float:
+                   rounds: int = 7, most: int | None = None) -> float:
     """Seconds per call(operand), timed on distinct deep copies of `operand` (together at least
     twice the L2) called in turn from one CUDA graph with nothing between them: each call finds
     its operand evicted by the others' reads, as a model's layers find theirs (METHOD.md's rotation
     of input sets). Beside cold_replay because its eviction write leaves dirty lines that clean
     reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15% and
-    latency-bound ones little (benchmarks/LOG.md, session 34): benchmarks report both."""
+    latency-bound ones little (benchmarks/LOG.md, session 34): benchmarks report both.
+    most: raise (before copying) where more copies than that are needed, or where the copies and
+    what each call builds of them (nbytes: a layout, a dense copy) would take over half the
+    device's free memory (the tuner then keeps its first timings)."""
     import statistics
 
     import torch
 
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     count = max(2, math.ceil(2 * l2 / max(nbytes, 1)))  # no cap: fewer copies of a small weight would stay in L2
+    if most is not None:
+        extra = (count - 1) * (_bytes_of(operand) + nbytes)
+        if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
+            raise RuntimeError(f"rotation needs {count} copies ({extra / 2**20:.0f} MiB with their layouts): "
+                               f"over {most} or half the free memory")
     operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
     fns = [lambda o=o: call(o) for o in operands]
     graph, _ = capture(lambda: [fn() for fn in fns], reps)  # (its warm-up: layouts, tuning, compiles)
@@ -265,6 +274,13 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
         torch.cuda.synchronize()
         graph.reset()
     return statistics.median(times)
+
+
+def _bytes_of(operand) -> int:
+    from ..formats import SparseFormat
+
+    tensors = operand.tensor_list() if isinstance(operand, SparseFormat) else [operand]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _fresh_copy(operand):

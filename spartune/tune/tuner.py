@@ -45,6 +45,13 @@ SLOWER = 3.0
 # the other differ by up to ~15% for that alone; one config that measured 3% faster alone ran 25%
 # slower than another in turns (70B up, N = 8192; benchmarks/LOG.md, session 17).
 FINALISTS, FINAL_MARGIN = 3, 1.15
+# Short calls: where our best and dense measured within ROTATE_MARGIN of each other, the two are
+# timed again on copies of the weight called in turn (measure.rotated_replay: how a model's layers
+# find their weights) and ranked by that. Why: the measurer's eviction write leaves dirty lines
+# whose write-back a bandwidth-bound call (cuBLAS at decode) pays and a latency-bound one hardly
+# does, so it flatters our decode kernels against dense by 5-15% (LOG, sessions 34 and 42: a CSR
+# pick 5% faster by it ran 2% slower than dense in turns of copies, 70B up N = 32).
+ROTATE_MARGIN = 1.2
 # Fast mode: a candidate timed past RETIME_ABOVE x its prediction, where the prediction was within
 # SLOWER of the best measured, is timed once more after the rest: a transient on the GPU once timed
 # 2:4 decode candidates at 5x their prediction and 12x their real time, and dense was stored for
@@ -128,6 +135,8 @@ class Candidate:
     # work before timing that may run beside other candidates' (compiling its kernel): the tuner
     # runs those of the candidates it will measure at once, in threads
     prepare: Callable[[], object] | None = None
+    # seconds per call timed on copies of the weight called in turn (see ROTATE_MARGIN), or None
+    rotated: Callable[[], float] | None = None
 
     def __post_init__(self):
         if self.features is None and self.predicted is None:
@@ -163,17 +172,21 @@ class Tuner:
     top_frac) (top_frac=0: top_k), the few it predicts within TIE of the last of those, and the
     libraries. in_turns(candidates) -> seconds each, timed in turns: the finalists of long calls
     are ranked by it (default: measure.in_turns with the default measurer, none with a custom one).
+    rotate: whether our best and dense, measured within ROTATE_MARGIN of each other in a short
+    call, are ranked by their `rotated` timings (default: with the default measurer only).
     """
 
     def __init__(self, db: TuningDB | None, device_spec: DeviceSpec, measurer: Callable[..., float] | None = None,
                  mode: str = "fast", top_k: int = TOP_K, top_frac: float = TOP_FRAC,
-                 in_turns: Callable[[Sequence[Candidate]], Sequence[float]] | None = None):
+                 in_turns: Callable[[Sequence[Candidate]], Sequence[float]] | None = None,
+                 rotate: bool | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
         if not 0.0 <= top_frac <= 1.0:
             raise ValueError(f"top_frac must be between 0 and 1, got {top_frac}")
+        self.rotate = measurer is None if rotate is None else bool(rotate)
         if measurer is None:
             from . import measure
 
@@ -307,6 +320,7 @@ class Tuner:
                     cut.remove(i)  # a whole timing now, not one cut short
 
         self._finalists_in_turns(cands, rows)
+        self._dense_margin_rotated(cands, rows)
 
         def rank():  # fastest measured first; with no measurements, the model's order
             return sorted((i for i in rows if rows[i]["seconds"] is not None), key=lambda i: rows[i]["seconds"]) \
@@ -362,6 +376,29 @@ class Tuner:
         if len(seconds) == len(finalists) and all(t > 0 and math.isfinite(t) for t in seconds):
             scale = best / min(seconds)
             for i, t in zip(finalists, seconds):
+                rows[i]["seconds"] = t * scale
+
+    def _dense_margin_rotated(self, cands: list[Candidate], rows: dict) -> None:
+        """Short calls where our best and dense measured within ROTATE_MARGIN of each other: both
+        timed again on rotating copies of the weight, and their rows rescaled so that the faster
+        there keeps the faster's first time (nothing else measured can then come between them).
+        The first times stand if either has no rotated timing or it fails (memory, a capture)."""
+        timed = [i for i in rows if rows[i]["seconds"] is not None]
+        ours = [i for i in timed if not cands[i].library]
+        dense = [i for i in timed if cands[i].backend == "dense"]
+        if not self.rotate or not ours or not dense:
+            return
+        pair = (min(ours, key=lambda i: rows[i]["seconds"]), dense[0])
+        fast, slow = sorted(rows[i]["seconds"] for i in pair)
+        if fast >= GRAPH_BELOW_S or slow > ROTATE_MARGIN * fast or any(cands[i].rotated is None for i in pair):
+            return
+        try:
+            seconds = [float(cands[i].rotated()) for i in pair]
+        except Exception:  # noqa: BLE001 (out of memory for the copies, a capture refused: keep the first times)
+            return
+        if all(t > 0 and math.isfinite(t) for t in seconds):
+            scale = fast / min(seconds)
+            for i, t in zip(pair, seconds):
                 rows[i]["seconds"] = t * scale
 
     def _measure(self, c: Candidate, cfg, predicted: float, bound: float | None = None) -> dict:

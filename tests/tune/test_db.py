@@ -117,7 +117,7 @@ def test_default_versions_name_the_installed_stack(path):
     import torch
 
     assert versions["torch"] == torch.__version__ and versions["triton"] and versions["spartune"]
-    assert versions["measure"] == "cold-replay-paired-v4"  # entries timed another way are not reused
+    assert versions["measure"] == "cold-replay-paired-v6"  # entries timed another way are not reused
     assert versions["kernels"] == dbmod.software_versions()["kernels"]  # the sources' digest, in every key
     assert len(versions["kernels"]) == 16 and int(versions["kernels"], 16) >= 0
 

@@ -291,6 +291,68 @@ def test_short_calls_and_failed_turns_keep_the_separate_timings():
     assert Tuner(None, H100, measurer=m).in_turns is None and Tuner(None, H100).in_turns is not None
 
 
+def rotated_space(ours_s, dense_s, ours_rot, dense_rot, runner_up_s=None):
+    """Our best (bn=16), a runner-up and dense, with rotated timings (a number, an Exception,
+    or None for none); `calls` records which were timed so."""
+    calls = []
+
+    def timer(name, t):
+        def rotated():
+            calls.append(name)
+            if isinstance(t, Exception):
+                raise t
+            return t
+        return None if t is None else rotated
+
+    cands = [Candidate("blocked", Cfg(bn=16), predicted=1e-6, rotated=timer("ours", ours_rot)),
+             Candidate("blocked", Cfg(bn=32), predicted=2e-6, rotated=timer("runner-up", 1.0)),
+             Candidate("dense", None, predicted=1e-3, library=True, rotated=timer("dense", dense_rot))]
+    m = FakeMeasurer({("blocked", Cfg(bn=16)): ours_s, ("blocked", Cfg(bn=32)): runner_up_s or 2 * ours_s,
+                      ("dense", None): dense_s})
+    return cands, m, calls
+
+
+def test_our_best_and_dense_at_a_margin_are_ranked_rotated(tmp_path):
+    """Decode: the eviction write flatters latency-bound kernels against dense (LOG, session 42),
+    so our best and dense within ROTATE_MARGIN are timed on rotating weight copies and ranked
+    by that; the winner keeps the faster first time, so a candidate timed only once cannot come
+    between them."""
+    cands, m, calls = rotated_space(120e-6, 126e-6, ours_rot=121.4e-6, dense_rot=119.0e-6, runner_up_s=121e-6)
+    db = TuningDB(tmp_path / "t.sqlite", VERSIONS)
+    choice = Tuner(db, H100, measurer=m, rotate=True).pick(problem(n=32), cands)
+    assert sorted(calls) == ["dense", "ours"]
+    assert (choice.backend, choice.measured) == ("dense", pytest.approx(120e-6))
+    stored = {(r["backend"], (r["config"] or {}).get("fields", {}).get("bn")): r["seconds"] for r in db.results()}
+    assert stored[("blocked", 16)] == pytest.approx(121.4e-6 * 120 / 119.0) and stored[("blocked", 32)] == 121e-6
+    # rotation confirms ours: ours is kept, at its first time
+    cands, m, calls = rotated_space(120e-6, 126e-6, ours_rot=110e-6, dense_rot=119.0e-6)
+    choice = Tuner(None, H100, measurer=m, rotate=True).pick(problem(n=32), cands)
+    assert (choice.backend, choice.config, choice.measured) == ("blocked", Cfg(bn=16), pytest.approx(120e-6))
+
+
+def test_rotation_only_at_a_margin_of_a_short_call_and_never_fatal():
+    def pick(ours_s, dense_s, ours_rot=100e-6, dense_rot=90e-6, rotate=True):
+        cands, m, calls = rotated_space(ours_s, dense_s, ours_rot, dense_rot)
+        return Tuner(None, H100, measurer=m, rotate=rotate).pick(problem(n=32), cands), calls
+
+    choice, calls = pick(50e-6, 100e-6)  # dense 2x slower: past the margin
+    assert calls == [] and choice.config == Cfg(bn=16)
+    choice, calls = pick(100e-6, 50e-6)  # ours 2x slower
+    assert calls == [] and choice.backend == "dense"
+    choice, calls = pick(200e-6, 210e-6)  # a long call: in turns instead, not rotated
+    assert calls == []
+    choice, calls = pick(100e-6, 105e-6, rotate=False)
+    assert calls == [] and choice.config == Cfg(bn=16)
+    choice, calls = pick(100e-6, 105e-6, dense_rot=None)  # dense without a rotated timing
+    assert calls == [] and choice.config == Cfg(bn=16)
+    choice, calls = pick(100e-6, 105e-6, dense_rot=RuntimeError("out of memory for the copies"))
+    assert choice.config == Cfg(bn=16) and choice.measured == 100e-6  # the first times stand
+    choice, calls = pick(105e-6, 100e-6, ours_rot=90e-6, dense_rot=95e-6)  # dense first, rotation reverses it
+    assert sorted(calls) == ["dense", "ours"] and choice.config == Cfg(bn=16) and choice.measured == pytest.approx(100e-6)
+    # the default: only with the default measurer (rotated timings run on the GPU)
+    assert Tuner(None, H100, measurer=lambda c: 1.0).rotate is False and Tuner(None, H100).rotate is True
+
+
 def test_a_failed_winner_brings_back_what_was_skipped_against_it():
     """The fastest fails its check: a library skipped for its floor, or cut short at the bound,
     is timed in full and may win."""
@@ -601,3 +663,29 @@ def test_backends_replaying_their_own_graphs_are_timed_as_called(monkeypatch):
     for name in library:
         measure.measure_candidate(found[name])
     assert seen == [None, False, False]
+
+
+def test_candidates_carry_a_rotated_timing_for_our_configs_and_dense_only():
+    """What a rotated timing reads decides how many weight copies it needs: a config's DRAM bytes,
+    dense's whole weight."""
+    import torch
+
+    from spartune import dispatch
+    from spartune.formats import CSR
+
+    A = CSR.from_dense(torch.randn(64, 128).masked_fill_(torch.rand(64, 128) < 0.9, 0))
+    problem = dispatch.linear_problem(A, 8, "float16")
+    ours = {f: (lambda cfg: None) for f in dispatch.registry.families("linear", A)[:1]}
+    library = {"dense": lambda: None, "cusparse": lambda: None}
+    asked = []
+    cands = dispatch.candidates(problem, ours, library, device=H100,
+                                rotated=lambda backend, config, nbytes: asked.append((backend, config, nbytes)) or 1.0)
+    for c in cands:
+        if c.rotated is not None:
+            c.rotated()
+    ours_asked = [a for a in asked if a[0] != "dense"]
+    assert len(ours_asked) == sum(not c.library for c in cands) > 0
+    assert all(nbytes == c.features.dram_bytes for (_, _, nbytes), c in zip(ours_asked, [c for c in cands if not c.library]))
+    assert [a for a in asked if a[0] == "dense"] == [("dense", None, 64 * 128 * 2)]
+    assert next(c for c in cands if c.backend == "cusparse").rotated is None
+    assert all(c.rotated is None for c in dispatch.candidates(problem, ours, library, device=H100))
