@@ -301,12 +301,12 @@ def _biased_producer(x):
 
 
 def _same_dtype_cast(node) -> bool:
-    """x.to(dtype) where x has that dtype already: linear_cast's cast of a convolution's output
-    that autocast ran in the same dtype (it changes nothing)."""
+    """x.to(dtype) where x has that dtype already (it returns x itself): linear_cast's cast of a
+    convolution's output that autocast ran in the same dtype, or a model's own no-op cast."""
     if _source(node) is node:
         return False
     before, after = _value(node.args[0]), _value(node)
-    return before is not None and after is not None and before.dtype == after.dtype and before.device == after.device
+    return before is not None and after is not None and before.dtype == after.dtype
 
 
 def _channels_end_last(conv, chain, x) -> bool:

@@ -170,7 +170,7 @@ def _linear_prologue(x: Tensor, input_bias: Tensor, input_activation: Optional[s
 
 @_fake(_linear_prologue)
 def _(x, input_bias, input_activation, weight, spec, bias, activation, residual, scale, out_dtype, cast=None):
-    return _output_like(x, *_shape(spec), out_dtype)
+    return _output_like(x, *_shape(spec), out_dtype or cast)
 
 
 @_operator("linear_stacked(Tensor x, Tensor[] weight, str[] specs, int[] counts, Tensor[] biases, ScalarType? out_dtype, ScalarType? cast=None) -> Tensor")

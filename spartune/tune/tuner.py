@@ -49,9 +49,9 @@ FINALISTS, FINAL_MARGIN = 3, 1.15
 # timed again on copies of the weight called in turn (measure.rotated_replay: how a model's layers
 # find their weights) and ranked by that. Why: the measurer's eviction write leaves dirty lines
 # whose write-back a bandwidth-bound call (cuBLAS at decode) pays and a latency-bound one hardly
-# does, so it flatters our decode kernels against dense by 5-15% (LOG, sessions 34 and 42: a CSR
-# pick 5% faster by it ran 2% slower than dense in turns of copies, 70B up N = 32).
-ROTATE_MARGIN = 1.2
+# does, so it flatters our decode kernels against dense by up to ~25% (LOG, sessions 34 and 43: a
+# CSR pick 21% faster by it ran 3% slower than dense on rotating copies, qkv 80% N = 16).
+ROTATE_MARGIN = 1.3
 # Fast mode: a candidate timed past RETIME_ABOVE x its prediction, where the prediction was within
 # SLOWER of the best measured, is timed once more after the rest: a transient on the GPU once timed
 # 2:4 decode candidates at 5x their prediction and 12x their real time, and dense was stored for

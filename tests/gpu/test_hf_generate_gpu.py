@@ -34,8 +34,10 @@ def densified(sparse, dense):
 
 
 def generated_logits(model, ids, steps):
-    out = model.generate(ids, max_new_tokens=steps, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True, pad_token_id=0)
+    # every prompt token attended (a token equal to pad_token_id would otherwise be masked out of
+    # the prompt, and the float64 reference reads it) and no early stop at an end-of-sequence token
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, min_new_tokens=steps,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     return out.sequences, torch.stack(out.logits, 1)
 
 

@@ -124,13 +124,22 @@ def test_epilogue_fusion_under_inductor(pattern, sparsity, dtype, act, monkeypat
     assert rel_err(y, expect) < TOL
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+# (the block's dtype, the autocast dtype or None)
+PROLOGUE_DTYPES = [(torch.float16, None), (torch.bfloat16, None), (torch.float32, torch.float16),
+                   (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("dtype,autocast", PROLOGUE_DTYPES, ids=str)
 @pytest.mark.parametrize("pattern,sparsity", PATTERNS)
-def test_prologue_fusion_in_a_separable_block_under_cuda_graphs(pattern, sparsity, dtype, monkeypatch):
+def test_prologue_fusion_in_a_separable_block_under_cuda_graphs(pattern, sparsity, dtype, autocast, monkeypatch):
     """MobileNet's block, depthwise 3x3 + bias + ReLU then a sparse pointwise convolution + ReLU,
     compiled with CUDA graphs: the pass moves the depthwise bias and ReLU into the SpMM's load
     (a pass of its own before the kernels that do not fuse it); the output matches the float64
-    reference of the pruned block, on a second input too (replayed)."""
+    reference of the pruned block, on a second input too (replayed). Under autocast (a float32
+    block) the depthwise convolution runs in the autocast dtype, so linear_cast's cast of x
+    changes nothing and its fp32 bias and ReLU move all the same."""
+    import torch._inductor.config as inductor
+
     from spartune import fusion
 
     torch.manual_seed(0)
@@ -141,52 +150,23 @@ def test_prologue_fusion_in_a_separable_block_under_cuda_graphs(pattern, sparsit
     counted = []
     real = fusion.fuse_prologues
     monkeypatch.setattr(fusion, "fuse_prologues", lambda g: counted.append(real(g)) or counted[-1])
-    import torch._inductor.config as inductor
+    runs_in = autocast or dtype
 
     def expect(x):
         dw = block[0]
         h = F.relu(F.conv2d(x.double(), dw.weight.double(), dw.bias.double(), padding=1, groups=c))
-        h = h.to(dtype).double()  # the pass's rounding, which the kernel reproduces on load
+        h = h.to(runs_in).double()  # the rounding of the kernel's load
         w = block[2].weight.to_dense().double()
         return F.relu(torch.einsum("bchw,oc->bohw", h, w) + block[2].bias.double()[:, None, None])
 
-    with torch.no_grad(), inductor.patch(force_disable_caches=True):
+    with torch.no_grad(), torch.autocast("cuda", dtype=autocast or torch.float16, enabled=autocast is not None), \
+            inductor.patch(force_disable_caches=True):
         compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
         for seed in range(3):
             x = torch.randn(4, c, 14, 14, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(seed))
             x = x.to(memory_format=torch.channels_last)
             y = compiled(x)
-            assert rel_err(y, expect(x)) < TOL, seed
-    assert counted == [1]
-
-
-@pytest.mark.parametrize("pattern,sparsity", PATTERNS)
-def test_prologue_fusion_under_autocast(pattern, sparsity, monkeypatch):
-    """The same block in float32 under fp16 autocast, compiled with CUDA graphs: the depthwise
-    convolution runs in fp16, so its fp32 bias and ReLU still move into the sparse layer's load
-    (linear_cast's fp16 weight copy); the output matches the float64 reference."""
-    import torch._inductor.config as inductor
-
-    from spartune import fusion
-
-    torch.manual_seed(0)
-    c, out = 96, 160
-    block = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c), nn.ReLU(inplace=True), nn.Conv2d(c, out, 1),
-                          nn.ReLU(inplace=True)).cuda().eval()
-    st.sparsify(block, pattern, sparsity)
-    counted = []
-    real = fusion.fuse_prologues
-    monkeypatch.setattr(fusion, "fuse_prologues", lambda g: counted.append(real(g)) or counted[-1])
-    dw, w = block[0], block[2].weight.to_dense().double()
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16), inductor.patch(force_disable_caches=True):
-        compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
-        for seed in range(3):
-            x = torch.randn(4, c, 14, 14, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
-            x = x.to(memory_format=torch.channels_last)
-            y = compiled(x)
-            h = F.relu(F.conv2d(x.double(), dw.weight.double(), dw.bias.double(), padding=1, groups=c))
-            expect = F.relu(torch.einsum("bchw,oc->bohw", h, w) + block[2].bias.double()[:, None, None])
-            assert y.dtype == torch.float16 and rel_err(y, expect) < TOL, seed
+            assert y.dtype == runs_in and rel_err(y, expect(x)) < TOL, seed
     assert counted == [1]
 
 

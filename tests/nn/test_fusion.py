@@ -514,3 +514,23 @@ def test_under_autocast_a_convolutions_prologue_moves_into_linear_cast(pattern):
         out, fused, biased = prologue_graph(fp32_convolution, x)
         torch.testing.assert_close(out.float(), fp32_convolution(x).float(), rtol=2e-2, atol=2e-2)
     assert (fused, biased) == (0, True)
+
+
+def test_only_a_plain_cast_to_x_own_dtype_is_seen_through():
+    """The prologue pass looks through x.to(dtype) only where it returns x itself: a cast that
+    changes the dtype, or one spelled with more arguments (copy=, a device, dtype=), stops it."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = torch.empty(2, 3, dtype=torch.float16)
+
+    def cast(*args, result=torch.float16, **kwargs):
+        node = graph.call_method("to", (x, *args), kwargs)
+        node.meta["example_value"] = torch.empty(2, 3, dtype=result)
+        return node
+
+    assert fusion._same_dtype_cast(cast(torch.float16))
+    assert not fusion._same_dtype_cast(cast(torch.float32, result=torch.float32))
+    assert not fusion._same_dtype_cast(cast(torch.float16, copy=True))
+    assert not fusion._same_dtype_cast(cast(dtype=torch.float16))
+    assert not fusion._same_dtype_cast(cast("cpu", torch.float16))
+    assert not fusion._same_dtype_cast(cast(torch.float16, False, True))
