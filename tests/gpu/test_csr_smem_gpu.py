@@ -309,10 +309,10 @@ def test_rotated_timings_of_our_config_and_dense(dtype):
         before = torch.cuda.memory_allocated()
         out.fill_(float("nan"))
         seconds = timer(backend, config, nbytes)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() - before < 4 << 20, backend  # the copies and their layouts are gone
         assert 1e-7 < seconds < 1e-3, (backend, seconds)
         if backend == "csr_smem":  # (dense returns cuBLAS's own output)
             assert not out.isnan().any() and rel(out, reference(x, w, bias, "relu")) <= TOL
-        torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() - before < 4 << 20, backend  # the copies and their layouts are gone
     with pytest.raises(RuntimeError, match="copies"):  # a tiny weight would need too many copies
         timer("dense", None, 4096)
