@@ -263,7 +263,8 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
         if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
             raise RuntimeError(f"rotation needs {count} copies ({extra / 2**20:.0f} MiB with their layouts): "
                                f"over {most} or half the free memory")
-    operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
+    with torch.no_grad():  # (a trained weight's copies record no autograd history)
+        operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
     fns = [lambda o=o: call(o) for o in operands]
     graph, _ = capture(lambda: [fn() for fn in fns], reps)  # (its warm-up: layouts, tuning, compiles)
     events = _events()
