@@ -556,12 +556,14 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
     predicted time (a prior for ranking; fast mode measures every library backend anyway).
     `check(run)` -> a callable that runs and verifies a candidate, or None; `device`: the
     DeviceSpec of the prior (default: the tuner's); `rotated(backend, config, nbytes)` -> seconds
-    on rotating weight copies (rotated_timer), given to our configs and dense."""
+    on rotating weight copies (rotated_timer), given to our configs and dense (nbytes: what a call
+    reads of the weight: a config's DRAM bytes less x and y, dense's whole weight)."""
     from .tune.problem import ELEMENT_BYTES
     from .tune.tuner import Candidate
 
     device = device or get_tuner().device
     timer = (lambda *args: functools.partial(rotated, *args)) if rotated else (lambda *args: None)
+    io = problem.n * (problem.k + problem.m) * ELEMENT_BYTES[problem.dtype]  # x and y: shared by every copy
     out = []
     for family, run_cfg in ours.items():
         compiles = family.language == "cuda" and run_cfg is not None
@@ -572,7 +574,7 @@ def candidates(problem: Problem, ours: dict, library: dict, check=None, device=N
                 if compiles else None
             features = family.features(problem, cfg)
             out.append(Candidate(family.name, cfg, features, run=run, check=check(run) if check else None,
-                                 prepare=prepare, rotated=timer(family.name, cfg, features.dram_bytes)))
+                                 prepare=prepare, rotated=timer(family.name, cfg, max(features.dram_bytes - io, 1))))
     for name, run in library.items():
         out.append(Candidate(name, None, predicted=_library_prior(problem, name, device), run=run,
                              check=check(run) if check else None, library=True,
@@ -587,9 +589,9 @@ ROTATED_COPIES = 32  # at most, for a rotated timing: a smaller weight is not ti
 
 
 def rotated_timer(A, x, out, bias=None, activation=None, residual=None, scale=1.0, prologue=None):
-    """rotated(backend, config, nbytes) -> seconds per call of that backend computing `out` on
-    fresh copies of A called in turn (measure.rotated_replay; nbytes: what one call reads of its
-    copy): how the tuner ranks our best against dense at a margin."""
+    """rotated(backend, config, nbytes) -> seconds per call of that backend computing `out` on A
+    and fresh copies of it called in turn (measure.rotated_replay; nbytes: what one call reads of
+    its weight): how the tuner ranks our best against dense at a margin."""
     from .tune import measure
 
     def rotated(backend, config, nbytes):

@@ -243,15 +243,17 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
 
 def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, reps: int = 4,
                    rounds: int = 7, most: int | None = None) -> float:
-    """Seconds per call(operand), timed on distinct deep copies of `operand` (together at least
-    twice the L2) called in turn from one CUDA graph with nothing between them: each call finds
-    its operand evicted by the others' reads, as a model's layers find theirs (METHOD.md's rotation
-    of input sets). Beside cold_replay because its eviction write leaves dirty lines that clean
-    reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15% and
-    latency-bound ones little (benchmarks/LOG.md, session 34): benchmarks report both.
-    most: raise (before copying) where more copies than that are needed, or where the copies and
-    what each call builds of them (nbytes: a layout, a dense copy) would take over half the
-    device's free memory (the tuner then keeps its first timings)."""
+    """Seconds per call(operand), timed on `operand` and distinct deep copies of it (together at
+    least twice the L2) called in turn from one CUDA graph with nothing between them: each call
+    finds its operand evicted by the others' reads, as a model's layers find theirs (METHOD.md's
+    rotation of input sets). Beside cold_replay because its eviction write leaves dirty lines that
+    clean reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15-20% and
+    latency-bound ones little (benchmarks/LOG.md, sessions 34 and 43): benchmarks report both.
+    nbytes: what one call reads of its operand. most: raise (before copying) where more operands
+    than that are needed, or where the copies and what each call builds of them (a layout, a
+    dense copy: nbytes) would take over half the device's free memory (the tuner then keeps its
+    first timings). Each operand's first call runs on the current stream, so what it builds goes
+    back to that stream's memory pool, not the capture stream's."""
     import statistics
 
     import torch
@@ -261,19 +263,24 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     if most is not None:
         extra = (count - 1) * (_bytes_of(operand) + nbytes)
         if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
-            raise RuntimeError(f"rotation needs {count} copies ({extra / 2**20:.0f} MiB with their layouts): "
+            raise RuntimeError(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their layouts): "
                                f"over {most} or half the free memory")
-    with torch.no_grad():  # (a trained weight's copies record no autograd history)
-        operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
-    fns = [lambda o=o: call(o) for o in operands]
-    graph, _ = capture(lambda: [fn() for fn in fns], reps)  # (its warm-up: layouts, tuning, compiles)
-    events = _events()
-    try:
+    graph = None
+    try:  # whatever fails, nothing queued may still read a copy (or write the caller's output) after
+        with torch.no_grad():  # (a trained weight's copies record no autograd history)
+            operands = [operand] + [_fresh_copy(operand) for _ in range(count - 1)]
+        fns = [lambda o=o: call(o) for o in operands]
+        for fn in fns:  # layouts, dense copies, bindings
+            fn()
+        torch.cuda.synchronize()
+        graph, _ = capture(lambda: [fn() for fn in fns], reps)
+        events = _events()
         graph.replay()  # the first replay uploads the graph
         times = [replay_seconds(graph, reps * len(fns), events) for _ in range(rounds)]
     finally:
         torch.cuda.synchronize()
-        graph.reset()
+        if graph is not None:
+            graph.reset()
     return statistics.median(times)
 
 

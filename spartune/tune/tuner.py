@@ -379,10 +379,11 @@ class Tuner:
                 rows[i]["seconds"] = t * scale
 
     def _dense_margin_rotated(self, cands: list[Candidate], rows: dict) -> None:
-        """Short calls where our best and dense measured within ROTATE_MARGIN of each other: both
-        timed again on rotating copies of the weight, and their rows rescaled so that the faster
-        there keeps the faster's first time (nothing else measured can then come between them).
-        The first times stand if either has no rotated timing or it fails (memory, a capture)."""
+        """Short calls where our best and dense, the faster of them the fastest measured, came
+        within ROTATE_MARGIN of each other: both timed again on rotating copies of the weight, and
+        their rows rescaled so that the faster there keeps the faster's first time (the winner
+        stays the fastest measured; the other is stored at its rotated share of that). The first
+        times stand if either has no rotated timing or it fails (memory, a capture)."""
         timed = [i for i in rows if rows[i]["seconds"] is not None]
         ours = [i for i in timed if not cands[i].library]
         dense = [i for i in timed if cands[i].backend == "dense"]
@@ -390,11 +391,14 @@ class Tuner:
             return
         pair = (min(ours, key=lambda i: rows[i]["seconds"]), dense[0])
         fast, slow = sorted(rows[i]["seconds"] for i in pair)
-        if fast >= GRAPH_BELOW_S or slow > ROTATE_MARGIN * fast or any(cands[i].rotated is None for i in pair):
+        if fast >= GRAPH_BELOW_S or slow > ROTATE_MARGIN * fast or any(cands[i].rotated is None for i in pair) \
+                or fast > min(rows[i]["seconds"] for i in timed):  # another library won: nothing to decide
             return
         try:
             seconds = [float(cands[i].rotated()) for i in pair]
-        except Exception:  # noqa: BLE001 (out of memory for the copies, a capture refused: keep the first times)
+        except RuntimeError as e:  # out of memory for the copies, a capture refused: the first times stand
+            _warn_once(f"spartune: the rotated timing of {cands[pair[0]].backend} against dense failed "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); the tuner ranks them by their first timings")
             return
         if all(t > 0 and math.isfinite(t) for t in seconds):
             scale = fast / min(seconds)
@@ -424,6 +428,18 @@ class Tuner:
             row = rows.setdefault(i, {"backend": c.backend, "config": cfg, "predicted": predicted})
             row.update(seconds=None, error=error)
         return ok
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    import warnings
+
+    key = message.split("(")[0]
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 class CheckInconclusive(Exception):

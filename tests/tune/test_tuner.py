@@ -315,8 +315,8 @@ def rotated_space(ours_s, dense_s, ours_rot, dense_rot, runner_up_s=None):
 def test_our_best_and_dense_at_a_margin_are_ranked_rotated(tmp_path):
     """Decode: the eviction write flatters latency-bound kernels against dense (LOG, session 42),
     so our best and dense within ROTATE_MARGIN are timed on rotating weight copies and ranked
-    by that; the winner keeps the faster first time, so a candidate timed only once cannot come
-    between them."""
+    by that; the winner keeps the faster first time, so nothing timed only once can beat it
+    unless it measured faster than both."""
     cands, m, calls = rotated_space(120e-6, 126e-6, ours_rot=121.4e-6, dense_rot=119.0e-6, runner_up_s=121e-6)
     db = TuningDB(tmp_path / "t.sqlite", VERSIONS)
     choice = Tuner(db, H100, measurer=m, rotate=True).pick(problem(n=32), cands)
@@ -345,10 +345,17 @@ def test_rotation_only_at_a_margin_of_a_short_call_and_never_fatal():
     assert calls == [] and choice.config == Cfg(bn=16)
     choice, calls = pick(100e-6, 105e-6, dense_rot=None)  # dense without a rotated timing
     assert calls == [] and choice.config == Cfg(bn=16)
-    choice, calls = pick(100e-6, 105e-6, dense_rot=RuntimeError("out of memory for the copies"))
+    with pytest.warns(RuntimeWarning, match="rotated timing"):
+        choice, calls = pick(100e-6, 105e-6, dense_rot=RuntimeError("out of memory for the copies"))
     assert choice.config == Cfg(bn=16) and choice.measured == 100e-6  # the first times stand
     choice, calls = pick(105e-6, 100e-6, ours_rot=90e-6, dense_rot=95e-6)  # dense first, rotation reverses it
     assert sorted(calls) == ["dense", "ours"] and choice.config == Cfg(bn=16) and choice.measured == pytest.approx(100e-6)
+    # another library faster than both: the pair decides nothing, and nothing is rotated
+    cands, m, calls = rotated_space(100e-6, 105e-6, 90e-6, 80e-6)
+    cands.append(Candidate("cusparselt", None, predicted=1e-3, library=True))
+    m.times[("cusparselt", None)] = 50e-6
+    choice = Tuner(None, H100, measurer=m, rotate=True).pick(problem(n=32), cands)
+    assert calls == [] and choice.backend == "cusparselt"
     # the default: only with the default measurer (rotated timings run on the GPU)
     assert Tuner(None, H100, measurer=lambda c: 1.0).rotate is False and Tuner(None, H100).rotate is True
 
@@ -666,8 +673,8 @@ def test_backends_replaying_their_own_graphs_are_timed_as_called(monkeypatch):
 
 
 def test_candidates_carry_a_rotated_timing_for_our_configs_and_dense_only():
-    """What a rotated timing reads decides how many weight copies it needs: a config's DRAM bytes,
-    dense's whole weight."""
+    """What a rotated timing reads decides how many weight copies it needs: a config's DRAM bytes
+    less x and y, dense's whole weight."""
     import torch
 
     from spartune import dispatch
@@ -685,7 +692,29 @@ def test_candidates_carry_a_rotated_timing_for_our_configs_and_dense_only():
             c.rotated()
     ours_asked = [a for a in asked if a[0] != "dense"]
     assert len(ours_asked) == sum(not c.library for c in cands) > 0
-    assert all(nbytes == c.features.dram_bytes for (_, _, nbytes), c in zip(ours_asked, [c for c in cands if not c.library]))
+    io = 8 * (128 + 64) * 2  # x and y, which every copy shares
+    assert all(nbytes == c.features.dram_bytes - io for (_, _, nbytes), c in zip(ours_asked, [c for c in cands if not c.library]))
     assert [a for a in asked if a[0] == "dense"] == [("dense", None, 64 * 128 * 2)]
     assert next(c for c in cands if c.backend == "cusparse").rotated is None
     assert all(c.rotated is None for c in dispatch.candidates(problem, ours, library, device=H100))
+
+
+def test_a_rotation_that_needs_too_many_copies_or_too_much_memory_refuses_before_copying(monkeypatch):
+    """A weight a call reads in 1 MB needs ~100 operands to fill twice a 50 MB L2; a big one whose
+    copies would take over half the free memory: both raise before any copy is made."""
+    import torch
+
+    from spartune.tune import measure
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"L2_cache_size": 50 << 20}))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1 << 30, 80 << 30))
+    copied = []
+    monkeypatch.setattr(measure, "_fresh_copy", lambda op: copied.append(op) or op)
+    w = torch.zeros(1 << 19, dtype=torch.float16)  # 1 MiB
+    with pytest.raises(RuntimeError, match="100 weights"):
+        measure.rotated_replay(lambda w: None, w, w.numel() * 2, most=32)
+    big = torch.zeros(1, dtype=torch.float16)  # (its size is what nbytes says: 600 MB, 2 operands)
+    with pytest.raises(RuntimeError, match="half the free memory"):
+        measure.rotated_replay(lambda w: None, big, 600e6, most=32)
+    assert copied == []
