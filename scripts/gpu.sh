@@ -57,11 +57,10 @@ for run in "${runs[@]}"; do
   base=$name; i=2; while [ -e "$OUT/$name.log" ]; do name=$base-$i; i=$((i + 1)); done  # a script run twice keeps both logs
   echo "== $run"
   if [[ $run == spartune* ]]; then  # the command line itself (e2e), its results in $OUT/spartune-bench
-    # shellcheck disable=SC2086
-    timeout "${RUN_S:-400}" python -m spartune.cli ${run#spartune } --out "$OUT/spartune-bench" > "$OUT/$name.log" 2>&1
+    # (eval: a quoted argument such as --filter "decode N=1" stays one word)
+    eval "timeout ${RUN_S:-400} python -m spartune.cli ${run#spartune } --out \"\$OUT/spartune-bench\"" > "$OUT/$name.log" 2>&1
   else
-    # shellcheck disable=SC2086
-    timeout "${RUN_S:-400}" python benchmarks/$run > "$OUT/$name.log" 2>&1
+    eval "timeout ${RUN_S:-400} python benchmarks/$run" > "$OUT/$name.log" 2>&1
   fi
   tail -14 "$OUT/$name.log"
 done
