@@ -595,14 +595,9 @@ def rotated_timer(A, x, out, bias=None, activation=None, residual=None, scale=1.
     from .tune import measure
 
     def rotated(backend, config, nbytes):
-        launches = {}  # one launcher per copy (a CUDA family binds to its weight)
-
-        def call(W):
-            if id(W) not in launches:
-                launches[id(W)] = launcher(W, backend, config)
-            return launches[id(W)](W, x, out, bias, activation, residual, scale, prologue)
-
-        return measure.rotated_replay(call, A, nbytes, most=ROTATED_COPIES)
+        bound = functools.cache(lambda W: launcher(W, backend, config))  # one a copy: a CUDA family binds to its weight
+        return measure.rotated_replay(lambda W: bound(W)(W, x, out, bias, activation, residual, scale, prologue),
+                                      A, nbytes, most=ROTATED_COPIES)
 
     return rotated
 

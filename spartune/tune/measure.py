@@ -261,7 +261,7 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     count = max(2, math.ceil(2 * l2 / max(nbytes, 1)))  # no cap: fewer copies of a small weight would stay in L2
     if most is not None:
-        extra = (count - 1) * (_bytes_of(operand) + nbytes)
+        extra = (count - 1) * (operand.nbytes + nbytes)
         if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
             raise RuntimeError(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their layouts): "
                                f"over {most} or half the free memory")
@@ -282,13 +282,6 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
         if graph is not None:
             graph.reset()
     return statistics.median(times)
-
-
-def _bytes_of(operand) -> int:
-    from ..formats import SparseFormat
-
-    tensors = operand.tensor_list() if isinstance(operand, SparseFormat) else [operand]
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _fresh_copy(operand):

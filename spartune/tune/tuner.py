@@ -373,10 +373,7 @@ class Tuner:
             seconds = [float(t) for t in self.in_turns([cands[i] for i in finalists])]
         except Exception:  # noqa: BLE001 (a candidate that ran alone and fails in turns: keep the first times)
             return
-        if len(seconds) == len(finalists) and all(t > 0 and math.isfinite(t) for t in seconds):
-            scale = best / min(seconds)
-            for i, t in zip(finalists, seconds):
-                rows[i]["seconds"] = t * scale
+        _timed_again(rows, finalists, seconds, best)
 
     def _dense_margin_rotated(self, cands: list[Candidate], rows: dict) -> None:
         """Short calls where our best and dense, the faster of them the fastest measured, came
@@ -400,10 +397,7 @@ class Tuner:
             _warn_once(f"spartune: the rotated timing of {cands[pair[0]].backend} against dense failed "
                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); the tuner ranks them by their first timings")
             return
-        if all(t > 0 and math.isfinite(t) for t in seconds):
-            scale = fast / min(seconds)
-            for i, t in zip(pair, seconds):
-                rows[i]["seconds"] = t * scale
+        _timed_again(rows, pair, seconds, fast)
 
     def _measure(self, c: Candidate, cfg, predicted: float, bound: float | None = None) -> dict:
         row = {"backend": c.backend, "config": cfg, "predicted": predicted, "seconds": None, "error": None}
@@ -428,6 +422,16 @@ class Tuner:
             row = rows.setdefault(i, {"backend": c.backend, "config": cfg, "predicted": predicted})
             row.update(seconds=None, error=error)
         return ok
+
+
+def _timed_again(rows: dict, indices, seconds: list[float], first: float) -> None:
+    """Rows `indices` take `seconds` (timed again another way: in turns, rotated), scaled so that
+    the fastest there keeps `first` (the fastest of their first times): the other way orders them,
+    while the rest, timed once, stay comparable. Nothing changes unless every time is valid."""
+    if len(seconds) == len(indices) and all(t > 0 and math.isfinite(t) for t in seconds):
+        scale = first / min(seconds)
+        for i, t in zip(indices, seconds):
+            rows[i]["seconds"] = t * scale
 
 
 _WARNED: set[str] = set()
