@@ -143,9 +143,7 @@ def set_mode(mode: str) -> None:
 
 
 def _forget() -> None:
-    """Drop every weight's choices and graphed launches (made again if chosen again)."""
-    for A in list(_states.keys()):
-        A.__dict__.pop(_GRAPHS_KEY, None)
+    """Drop every weight's choices and bound launches (made again if chosen again)."""
     _states.clear()
 
 
@@ -432,14 +430,6 @@ def _tune_linear(A, st: WeightState, key: tuple, x, out, bias, activation, resid
     st.chosen[key] = choice
     _release(A, st.chosen.items())
     launch = launcher(A, choice.backend, choice.config, st.bindings)
-    family = registry.by_name(choice.backend)
-    # Triton's launch from Python costs more host time than a decode kernel runs: replay those
-    # from graphs. A CUDA family launches in a few us, and a replay adds x's copy and the
-    # graph's own start (~4 us of GPU time on a 30 us kernel): it launches directly.
-    if family is not None and family.language == "triton" and A.device.type == "cuda" \
-            and x.shape[0] <= GRAPH_MAX_TOKENS and residual is None and prologue is None \
-            and os.environ.get("SPARTUNE_GRAPHS", "1") != "0":
-        launch = _graphed(launch, (key, choice.backend, choice.config))
     st.launchers[key] = launch
     return launch
 
@@ -462,37 +452,6 @@ def _prologue_name(prologue) -> str | None:
     if prologue is None:
         return None
     return "bias" if prologue[1] is None else f"bias+{prologue[1]}"
-
-
-# --- decode calls replayed from CUDA graphs ------------------------------------------------------
-GRAPH_MAX_TOKENS = 64  # decode: a Triton launch from Python costs more host time than the kernel runs
-_GRAPHS_KEY = "_graphs"  # the format's memo of graphed launches (set_mode drops it)
-_GRAPHS_PER_CALL = 4  # outputs a caller may hold at once before calls launch directly again
-
-
-def _graphed(launch, key):
-    """`launch` replayed from a CUDA graph per (key: the call key and its choice, x's strides,
-    scale), so a graph of an earlier choice (before `set_mode`) is never replayed: a few µs of host
-    time instead of Triton's Python launch. The graphs read the weight's tensors and layouts, so
-    they live in a memo of its values version (an optimizer step captures them again)."""
-    from .formats import memo
-
-    def run(A, x, out, bias, act, res, scale, prologue=None):  # (never given one: see _tune_linear)
-        if not backends.replays_allowed():  # a caller's capture, or a torch operator: launch
-            return launch(A, x, out, bias, act, res, scale)
-        pool = memo(A, _GRAPHS_KEY, dict).setdefault((key, x.stride(), scale), [])
-        replay = next((g for g in pool if g.free()), None)
-        if replay is None and len(pool) < _GRAPHS_PER_CALL:
-            static_out = torch.empty_like(out)
-            replay = outside_graph_pools(lambda: backends.GraphReplay(
-                lambda xs, bs: launch(A, xs, static_out, bs, act, None, scale),
-                x.clone(), None if bias is None else bias.clone()), A.device)
-            pool.append(replay)
-        if replay is None:
-            return launch(A, x, out, bias, act, res, scale)
-        return replay(x, bias)[...]  # a view: while a caller holds it, the storage counts one more use
-
-    return run
 
 
 def _dense_launcher(A, x, out, bias, act, res, scale, prologue=None):

@@ -82,6 +82,23 @@ def align16(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
+def arg_key(args: tuple) -> tuple:
+    """What Triton specialises on in a launch's arguments, for a launch_cached key: each tensor's
+    dtype and 16-byte alignment, each int's value (Triton looks at == 1 and % 16), tuples as they
+    are, floats not at all."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else float if type(a) is float
+                 else a for a in args)
+
+
+def launch_cache(A, name: str) -> "LaunchCache":
+    """The LaunchCache a family keeps on weight A (under `name`), made on first use."""
+    cache = A.__dict__.get(name)
+    if cache is None:
+        cache = LaunchCache()
+        object.__setattr__(A, name, cache)
+    return cache
+
+
 RETIRED: list = []  # buffers outgrown by a larger call: CUDA graphs captured earlier still use them
 
 

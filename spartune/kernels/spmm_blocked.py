@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..formats import BlockSparse, ShuffledBlock, memo, pointers_from_counts, unit_of_items
 from ..tune.problem import INDEX_CHAIN, KernelFeatures, Problem
-from ._common import LaunchCache, align16, grouped_order, launch_cached
+from ._common import align16, grouped_order, launch_cache, launch_cached
 from ._epilogue import ACTIVATION_CODES, epilogue, epilogue_store, prologue
 
 
@@ -252,10 +252,7 @@ def launch(A, x: torch.Tensor, out: torch.Tensor, config: Config, *, bias=None, 
     key = (config, N, has_bias, act, has_res, has_pre, pre, x.dtype, out.dtype, bias.dtype, res.dtype, x_bias.dtype,
            values.dtype, x.stride(0), x.stride(1), out.stride(0), out.stride(1), res.stride(0), res.stride(1),
            align16(x), align16(out), align16(bias), align16(res), align16(x_bias), align16(values))
-    cache = A.__dict__.get("_blocked_launches")
-    if cache is None:
-        cache = LaunchCache()
-        object.__setattr__(A, "_blocked_launches", cache)
+    cache = launch_cache(A, "_blocked_launches")
 
     def constexprs(**own):  # built on a cache miss only
         return dict(own, HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, HAS_PRE=has_pre, PRE_ACT=pre,

@@ -77,10 +77,9 @@ def test_training_step_gradients(pattern, sparsity):
 
 
 @pytest.mark.parametrize("pattern,sparsity", [("block:64", 0.9), ("csr", 0.9)])
-def test_decode_calls_replayed_from_graphs(pattern, sparsity):
-    """Eager decode calls (Triton families replay a CUDA graph per call shape, CUDA ones launch
-    directly): new inputs each call, outputs held by the caller never overwritten, and an
-    in-place update of the values seen by the next call."""
+def test_eager_decode_calls(pattern, sparsity):
+    """Eager decode calls (cached launches): new inputs each call, outputs held by the caller
+    never overwritten, and an in-place update of the values seen by the next call."""
     model = sparse_model(pattern, sparsity, torch.float16)
     with torch.no_grad():
         held = []

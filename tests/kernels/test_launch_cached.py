@@ -66,3 +66,16 @@ def test_the_cache_is_per_kernel_and_copies_empty(on_a_gpu):
         _common.launch_cached(cache, ("same key",), kernel, (1,), ("x", 1), lambda: dict(BM=1, ACT=0))
     assert len(first.launches) == len(second.launches) == 1
     assert copy.deepcopy(cache) == {} and pickle.loads(pickle.dumps(cache)) == {}
+
+
+def test_arg_key_tells_apart_what_triton_specialises_on():
+    """Tensors by dtype and 16-byte alignment (not address), ints by value, floats not at all."""
+    import torch
+
+    buf = torch.zeros(64, dtype=torch.float16)
+    key = _common.arg_key
+    assert key((buf, 7, 0.5)) == key((torch.zeros(64, dtype=torch.float16), 7, 2.0))  # another address, scale
+    assert key((buf, 7, 0.5)) != key((buf[1:], 7, 0.5))  # a 2-byte offset: no longer 16-byte aligned
+    assert key((buf, 7, 0.5)) != key((buf.float(), 7, 0.5))
+    assert key((buf, 7, 0.5)) != key((buf, 16, 0.5)) != key((buf, 1, 0.5))
+    assert key((buf, (0, 64))) != key((buf, (0, 65)))  # a tuple argument (the ELL band table)

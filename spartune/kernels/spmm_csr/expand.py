@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ...formats import CSR
 from .._bitmap import HW_POPC, csr_bitmap, expand_chunk
-from .._common import dot_precision, grouped_order, scratch
+from .._common import arg_key, dot_precision, grouped_order, launch_cache, launch_cached, scratch
 from .._epilogue import epilogue
 
 
@@ -89,15 +89,16 @@ def launch_expand(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t,
     bits, woff = csr_bitmap(A)
     kp = padded_k(K)
     w = scratch(_DENSE_WS, x.device, x.dtype, M * kp)
-    _expand_kernel[(triton.cdiv(M, _EXPAND_M), max(1, kp // _EXPAND_K))](
-        bits, woff, A.values, w, M, kp, bits.shape[1],
-        EM=_EXPAND_M, EK=_EXPAND_K, HW=HW_POPC, num_warps=4,
-    )
+    cache = launch_cache(A, "_csr_expand_launches")
+    args = (bits, woff, A.values, w, M, kp, bits.shape[1])
+    launch_cached(cache, ("expand", arg_key(args)), _expand_kernel,
+                  (triton.cdiv(M, _EXPAND_M), max(1, kp // _EXPAND_K)), args,
+                  lambda: dict(EM=_EXPAND_M, EK=_EXPAND_K, HW=HW_POPC, num_warps=4))
     bt, bm = config.block_n, config.block_m
-    _gemm_nt_kernel[(triton.cdiv(N, bt) * triton.cdiv(M, bm),)](
-        x, w, out, bias_t, res_t, M, N, K, kp,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
-        BT=bt, BM=bm, BK=config.block_k, GROUP=config.group_m, EVEN_K=K % config.block_k == 0,
-        HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=dot_precision(x.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    args = (x, w, out, bias_t, res_t, M, N, K, kp, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm,
+            scale)
+    launch_cached(cache, (config, has_bias, act, has_res, dot_precision(x.dtype), arg_key(args)), _gemm_nt_kernel,
+                  (triton.cdiv(N, bt) * triton.cdiv(M, bm),), args, lambda: dict(
+                      BT=bt, BM=bm, BK=config.block_k, GROUP=config.group_m, EVEN_K=K % config.block_k == 0,
+                      HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=dot_precision(x.dtype),
+                      num_warps=config.num_warps, num_stages=config.num_stages))

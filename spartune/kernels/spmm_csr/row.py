@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ...formats import CSR
-from .._common import row_chunk, scratch, swizzled_rows
+from .._common import arg_key, launch_cache, launch_cached, row_chunk, scratch, swizzled_rows
 from .._ell import ELL_BANDS, ELL_GRANULE, banded_ell, banded_rows
 from .._epilogue import epilogue_store
 
@@ -123,7 +123,8 @@ _ROWT_WS: dict = {}  # row_t's transposed, padded copy of x (scratch(), at least
 def launch_row(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t, res_t, srn, srm, scale,
                has_bias, act, has_res) -> None:
     """Paths "row", "row_t" and "ell": the row kernel, or the row_t kernel where x's tokens are
-    adjacent (spmm's X^T) or copied so (row_t and ell with the linear layout)."""
+    adjacent (spmm's X^T) or copied so (row_t and ell with the linear layout). Launched through
+    launch_cached: at decode, Triton's own launch costs more host time than the kernel runs."""
     M, K = A.shape
     N = x.shape[0]
     grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n))
@@ -132,29 +133,31 @@ def launch_row(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t, re
             raise ValueError(f"ell path: block_m must divide {ELL_GRANULE} (a program's rows share a "
                              f"band), got {config.block_m}")
         E = banded_ell(A)
-        col, val, order, layout = E.cols, E.values, E.rows, dict(bands=E.bands, NB=ELL_BANDS, SENTINEL=K)
+        col, val, order, bands, nb, sentinel = E.cols, E.values, E.rows, E.bands, ELL_BANDS, K
     else:
-        col, val, order, layout = A.col, A.values, A.row_order, dict(bands=(0,), NB=0, SENTINEL=0)
-    common = dict(R=config.block_m, BNNZ=config.block_k, HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res,
-                  num_warps=config.num_warps, num_stages=config.num_stages, **layout)
+        col, val, order, bands, nb, sentinel = A.col, A.values, A.row_order, (0,), 0, 0
+    cache = launch_cache(A, "_csr_row_launches")
+    fixed = (config, has_bias, act, has_res)  # with A's shape, what fixes the constexprs
+
+    def launch(kernel, args, **own):
+        launch_cached(cache, (fixed, own.get("PAD_K"), arg_key(args)), kernel, grid, args, lambda: dict(
+            own, R=config.block_m, BNNZ=config.block_k, NB=nb, SENTINEL=sentinel, HAS_BIAS=has_bias, ACT=act,
+            HAS_RES=has_res, num_warps=config.num_warps, num_stages=config.num_stages))
+
     if config.path in ("row_t", "ell") and x.stride(0) != 1 and N > 1:
         # strips of (K + 1, block_n) with the tokens adjacent, a zero row at K and zero tokens
         # past N: the gather becomes unmasked vector loads from the program's own strip
         bn = config.block_n
         xt = scratch(_ROWT_WS, x.device, x.dtype, grid[1] * (K + 1) * bn, minimum=1 << 16)
-        _transpose_pad_kernel[(triton.cdiv(K + 1, 64), grid[1])](
-            x, xt, N, K, x.stride(0), x.stride(1), BT=bn, BK=64, num_warps=4)
-        _spmm_rowt_kernel[grid](
-            A.crow, col, val, order, xt, out, bias_t, res_t,
-            M, N, 1, bn, (K + 1) * bn, out.stride(0), out.stride(1), srn, srm, scale,
-            BN=bn, PAD_K=K, **common)
+        pad_args = (x, xt, N, K, x.stride(0), x.stride(1))
+        launch_cached(cache, ("pad", bn, arg_key(pad_args)), _transpose_pad_kernel, (triton.cdiv(K + 1, 64), grid[1]),
+                      pad_args, lambda: dict(BT=bn, BK=64, num_warps=4))
+        launch(_spmm_rowt_kernel, (A.crow, col, val, order, xt, out, bias_t, res_t, M, N, 1, bn, (K + 1) * bn,
+                                   out.stride(0), out.stride(1), srn, srm, scale, bands), BN=bn, PAD_K=K)
     elif x.stride(0) == 1 and N > 1:
-        _spmm_rowt_kernel[grid](
-            A.crow, col, val, order, x, out, bias_t, res_t,
-            M, N, x.stride(0), x.stride(1), config.block_n * x.stride(0), out.stride(0), out.stride(1),
-            srn, srm, scale, BN=config.block_n, PAD_K=0, **common)
+        launch(_spmm_rowt_kernel, (A.crow, col, val, order, x, out, bias_t, res_t, M, N, x.stride(0), x.stride(1),
+                                   config.block_n * x.stride(0), out.stride(0), out.stride(1), srn, srm, scale, bands),
+               BN=config.block_n, PAD_K=0)
     else:
-        _spmm_row_kernel[grid](
-            A.crow, col, val, order, x, out, bias_t, res_t,
-            M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale,
-            BN=config.block_n, **common)
+        launch(_spmm_row_kernel, (A.crow, col, val, order, x, out, bias_t, res_t, M, N, x.stride(0), x.stride(1),
+                                  out.stride(0), out.stride(1), srn, srm, scale, bands), BN=config.block_n)
