@@ -28,6 +28,8 @@ def host_us(fn, calls=10, bound_us=1500):
 
 
 def profile(fn, name, calls=10, top=35, batches=20):
+    if os.environ.get("PROFILE", "1") == "0":
+        return
     fn(); torch.cuda.synchronize()
     pr = cProfile.Profile()
     for _ in range(batches):
@@ -48,7 +50,7 @@ with torch.no_grad():
     w = [x for x in e2e.WORKLOADS if x.name == "llama7b-layer decode N=1"][0]
     dense, call = w.build(torch.float16, "cuda", False)
     models = {"dense": dense}
-    for pat, s in (("csr", 0.9), ("2:4", 0.5)):
+    for pat, s in (("csr", 0.9), ("2:4", 0.5))[:int(os.environ.get("PATTERNS", "2"))]:
         m = copy.deepcopy(dense)
         sparsify(m, pat, s)
         models[pat] = m
@@ -69,7 +71,7 @@ with torch.no_grad():
     x = torch.randn(1, 1, 4096, device="cuda", dtype=torch.float16)
     lin_d, lin_s = models["dense"].q_proj, models["csr"].q_proj
     A = lin_s._weight
-    for name, f in (("nn.Linear q", lambda: lin_d(x)), ("F.linear q", lambda: F.linear(x, lin_d.weight)),
+    for name, f in () if os.environ.get("SINGLE", "1") == "0" else (("nn.Linear q", lambda: lin_d(x)), ("F.linear q", lambda: F.linear(x, lin_d.weight)),
                     ("SparseLinear q csr", lambda: lin_s(x)), ("st.linear q csr", lambda: st.linear(x, A)),
                     ("SparseLinear q 2:4", lambda: models["2:4"].q_proj(x)),
                     ("torch.empty", lambda: torch.empty((1, 4096), dtype=torch.float16, device="cuda"))):

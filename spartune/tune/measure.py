@@ -241,6 +241,11 @@ def cold_replay(fn: Callable[[], object], rep_ms: float = 100) -> float:
     return t
 
 
+class RotationUnfit(RuntimeError):
+    """rotated_replay would need more operand copies than allowed (a small weight) or more memory
+    than is free: an expected limit, not a failure."""
+
+
 def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, reps: int = 4,
                    rounds: int = 7, most: int | None = None) -> float:
     """Seconds per call(operand), timed on `operand` and distinct deep copies of it (together at
@@ -249,7 +254,7 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     rotation of input sets). Beside cold_replay because its eviction write leaves dirty lines that
     clean reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15-20% and
     latency-bound ones little (benchmarks/LOG.md, sessions 34 and 43): benchmarks report both.
-    nbytes: what one call reads of its operand. most: raise (before copying) where more operands
+    nbytes: what one call reads of its operand. most: raise RotationUnfit (before copying) where more operands
     than that are needed, or where the copies and what each call builds of them (a layout, a
     dense copy: nbytes) would take over half the device's free memory (the tuner then keeps its
     first timings). Each operand's first call runs on the current stream, so what it builds goes
@@ -263,7 +268,7 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     if most is not None:
         extra = (count - 1) * (operand.nbytes + nbytes)
         if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
-            raise RuntimeError(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their layouts): "
+            raise RotationUnfit(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their layouts): "
                                f"over {most} or half the free memory")
     graph = None
     try:  # whatever fails, nothing queued may still read a copy (or write the caller's output) after

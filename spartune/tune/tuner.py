@@ -22,7 +22,7 @@ import numpy as np
 
 from .db import TuningDB, canonical
 from .device import DeviceSpec, calibrate, device_name
-from .measure import GRAPH_BELOW_S
+from .measure import GRAPH_BELOW_S, RotationUnfit
 from .model import predict
 from .problem import KernelFeatures, Problem
 
@@ -393,7 +393,9 @@ class Tuner:
             return
         try:
             seconds = [float(cands[i].rotated()) for i in pair]
-        except RuntimeError as e:  # out of memory for the copies, a capture refused: the first times stand
+        except RotationUnfit:  # a weight small enough to need over 32 copies, or too few free bytes
+            return
+        except RuntimeError as e:  # a copy or a capture failed: the first times stand
             _warn_once(f"spartune: the rotated timing of {cands[pair[0]].backend} against dense failed "
                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); the tuner ranks them by their first timings")
             return

@@ -2,6 +2,7 @@
 paths, and the evaluation helper."""
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from spartune.formats import FormatStats
 from spartune.tune.db import TuningDB
 from spartune.tune.device import H100
+from spartune.tune.measure import RotationUnfit
 from spartune.tune.model import dense_gemm_seconds
 from spartune.tune.problem import KernelFeatures, Problem
 from spartune.tune.tuner import TIES_EXTRA, Candidate, Choice, Tuner, config_json, evaluate, fast_count, fast_selection
@@ -348,6 +350,10 @@ def test_rotation_only_at_a_margin_of_a_short_call_and_never_fatal():
     with pytest.warns(RuntimeWarning, match="rotated timing"):
         choice, calls = pick(100e-6, 105e-6, dense_rot=RuntimeError("out of memory for the copies"))
     assert choice.config == Cfg(bn=16) and choice.measured == 100e-6  # the first times stand
+    with warnings.catch_warnings():  # a weight too small (or memory too short) to rotate: no warning
+        warnings.simplefilter("error")
+        choice, calls = pick(100e-6, 105e-6, dense_rot=RotationUnfit("rotation needs 417 weights"))
+    assert choice.config == Cfg(bn=16) and choice.measured == 100e-6
     choice, calls = pick(105e-6, 100e-6, ours_rot=90e-6, dense_rot=95e-6)  # dense first, rotation reverses it
     assert sorted(calls) == ["dense", "ours"] and choice.config == Cfg(bn=16) and choice.measured == pytest.approx(100e-6)
     # another library faster than both: the pair decides nothing, and nothing is rotated
@@ -712,9 +718,9 @@ def test_a_rotation_that_needs_too_many_copies_or_too_much_memory_refuses_before
     copied = []
     monkeypatch.setattr(measure, "_fresh_copy", lambda op: copied.append(op) or op)
     w = torch.zeros(1 << 19, dtype=torch.float16)  # 1 MiB
-    with pytest.raises(RuntimeError, match="100 weights"):
+    with pytest.raises(measure.RotationUnfit, match="100 weights"):
         measure.rotated_replay(lambda w: None, w, w.numel() * 2, most=32)
     big = torch.zeros(1, dtype=torch.float16)  # (its size is what nbytes says: 600 MB, 2 operands)
-    with pytest.raises(RuntimeError, match="half the free memory"):
+    with pytest.raises(measure.RotationUnfit, match="half the free memory"):
         measure.rotated_replay(lambda w: None, big, 600e6, most=32)
     assert copied == []
