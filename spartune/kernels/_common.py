@@ -83,11 +83,12 @@ def align16(t: torch.Tensor) -> bool:
 
 
 def arg_key(args: tuple) -> tuple:
-    """What Triton specialises on in a launch's arguments, for a launch_cached key: each tensor's
-    dtype and 16-byte alignment, each int's value (Triton looks at == 1 and % 16), tuples as they
-    are, floats not at all."""
+    """What Triton (NVIDIA backend) specialises on in a launch's arguments, for a launch_cached
+    key: each tensor's dtype and 16-byte alignment, each int's value (Triton looks at == 1, % 16
+    and whether it needs 64 bits), a bool apart from the int it equals, tuples as they are,
+    floats not at all."""
     return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else float if type(a) is float
-                 else a for a in args)
+                 else (bool, a) if type(a) is bool else a for a in args)
 
 
 def launch_cache(A, name: str) -> "LaunchCache":

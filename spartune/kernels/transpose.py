@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchCache, align16, launch_cached
+from ._common import LaunchCache, arg_key, launch_cached
 
 BLOCK = 64
 TORCH_COPY_MAX = 1 << 20  # elements of x (2 MB in 16 bits): ~7 us at the strided copy's ~0.3 TB/s
@@ -39,7 +39,5 @@ def tokens_major(x: torch.Tensor, multiple: int = 8) -> torch.Tensor:
     if K and n_pad:
         grid = (triton.cdiv(K, BLOCK), triton.cdiv(n_pad, BLOCK))
         args = (x, out, N, K, n_pad, x.stride(0), x.stride(1))
-        # what specialises the kernel: dtype, x's alignment, each int's value class (1, % 16)
-        key = (x.dtype, align16(x), *((v == 1, v % 16 == 0) for v in args[2:]))
-        launch_cached(_launches, key, _transpose_kernel, grid, args, lambda: dict(BLOCK=BLOCK))
+        launch_cached(_launches, arg_key(args), _transpose_kernel, grid, args, lambda: dict(BLOCK=BLOCK))
     return out

@@ -269,7 +269,7 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
         extra = (count - 1) * (operand.nbytes + nbytes)
         if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
             raise RotationUnfit(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their layouts): "
-                               f"over {most} or half the free memory")
+                                f"over {most} or half the free memory")
     graph = None
     try:  # whatever fails, nothing queued may still read a copy (or write the caller's output) after
         with torch.no_grad():  # (a trained weight's copies record no autograd history)

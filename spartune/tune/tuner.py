@@ -380,7 +380,9 @@ class Tuner:
         within ROTATE_MARGIN of each other: both timed again on rotating copies of the weight, and
         their rows rescaled so that the faster there keeps the faster's first time (the winner
         stays the fastest measured; the other is stored at its rotated share of that). The first
-        times stand if either has no rotated timing or it fails (memory, a capture)."""
+        times stand if either has no rotated timing, if the weight is unfit for rotation (too
+        small: too many copies; or too little free memory), silently, or if the timing fails (a
+        copy, a capture), with a warning."""
         timed = [i for i in rows if rows[i]["seconds"] is not None]
         ours = [i for i in timed if not cands[i].library]
         dense = [i for i in timed if cands[i].backend == "dense"]
@@ -393,7 +395,7 @@ class Tuner:
             return
         try:
             seconds = [float(cands[i].rotated()) for i in pair]
-        except RotationUnfit:  # a weight small enough to need over 32 copies, or too few free bytes
+        except RotationUnfit:  # a small weight (over dispatch.ROTATED_COPIES copies), or too little memory
             return
         except RuntimeError as e:  # a copy or a capture failed: the first times stand
             _warn_once(f"spartune: the rotated timing of {cands[pair[0]].backend} against dense failed "

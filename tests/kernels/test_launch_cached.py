@@ -79,3 +79,4 @@ def test_arg_key_tells_apart_what_triton_specialises_on():
     assert key((buf, 7, 0.5)) != key((buf.float(), 7, 0.5))
     assert key((buf, 7, 0.5)) != key((buf, 16, 0.5)) != key((buf, 1, 0.5))
     assert key((buf, (0, 64))) != key((buf, (0, 65)))  # a tuple argument (the ELL band table)
+    assert key((True,)) != key((1,)) and key((False,)) != key((0,))  # Triton: a runtime bool, a constant 1

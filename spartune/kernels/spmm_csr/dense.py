@@ -104,8 +104,9 @@ def launch_dense(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t, 
     ws, locks = _split_workspace(out.device, N * M, tiles) if split > 1 else (out, A.crow)
     args = (A.crow, bits, woff, A.values, x, out, bias_t, res_t, ws, locks, M, N, K, bits.shape[1],
             x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm, scale)
-    key = (config, has_bias, act, has_res, dot_precision(x.dtype), arg_key(args))
+    precision = dot_precision(x.dtype)
+    key = (config, has_bias, act, has_res, precision, arg_key(args))
     launch_cached(launch_cache(A, "_csr_dense_launches"), key, _spmm_dense_kernel, (tiles, split), args, lambda: dict(
         BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, SPLIT=split,
-        HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=dot_precision(x.dtype), HW=HW_POPC,
+        HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=precision, HW=HW_POPC,
         num_warps=config.num_warps, num_stages=config.num_stages))
