@@ -97,8 +97,9 @@ def launch_expand(A: CSR, x: torch.Tensor, out: torch.Tensor, config, *, bias_t,
     bt, bm = config.block_n, config.block_m
     args = (x, w, out, bias_t, res_t, M, N, K, kp, x.stride(0), x.stride(1), out.stride(0), out.stride(1), srn, srm,
             scale)
-    launch_cached(cache, (config, has_bias, act, has_res, dot_precision(x.dtype), arg_key(args)), _gemm_nt_kernel,
+    precision = dot_precision(x.dtype)
+    launch_cached(cache, (config, has_bias, act, has_res, precision, arg_key(args)), _gemm_nt_kernel,
                   (triton.cdiv(N, bt) * triton.cdiv(M, bm),), args, lambda: dict(
                       BT=bt, BM=bm, BK=config.block_k, GROUP=config.group_m, EVEN_K=K % config.block_k == 0,
-                      HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=dot_precision(x.dtype),
+                      HAS_BIAS=has_bias, ACT=act, HAS_RES=has_res, PRECISION=precision,
                       num_warps=config.num_warps, num_stages=config.num_stages))
