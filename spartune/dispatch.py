@@ -554,7 +554,8 @@ def rotated_timer(A, x, out, bias=None, activation=None, residual=None, scale=1.
     from .tune import measure
 
     def rotated(backend, config, nbytes):
-        bound = functools.cache(lambda W: launcher(W, backend, config))  # one a copy: a CUDA family binds to its weight
+        # one launcher a copy: a CUDA family binds to its weight
+        bound = functools.cache(lambda W: launcher(W, backend, config))
         return measure.rotated_replay(lambda W: bound(W)(W, x, out, bias, activation, residual, scale, prologue),
                                       A, nbytes, most=ROTATED_COPIES)
 
@@ -674,8 +675,8 @@ def choose(op, A, k, n, dtype, epilogue, ours, library, expected, result, layout
             return _STALE
         return cfg if cfg in family.space(problem) else _STALE
 
-    return tuner.pick(problem, lambda: candidates(problem, ours, library, check, rotated=rotated), rebuild=rebuild, stale=_STALE,
-                      checkable=checkable)
+    return tuner.pick(problem, lambda: candidates(problem, ours, library, check, rotated=rotated), rebuild=rebuild,
+                      stale=_STALE, checkable=checkable)
 
 
 _STALE = object()  # rebuild's answer for a stored choice that today's space no longer holds

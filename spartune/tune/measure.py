@@ -254,10 +254,10 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     rotation of input sets). Beside cold_replay because its eviction write leaves dirty lines that
     clean reads never meet, which costs bandwidth-bound calls (cuBLAS at decode) ~15-20% and
     latency-bound ones little (benchmarks/LOG.md, sessions 34 and 43): benchmarks report both.
-    nbytes: what one call reads of its operand. most: raise RotationUnfit (before copying) where more operands
-    than that are needed, or where the copies and what each call builds of them (a layout, a
-    dense copy: nbytes) would take over half the device's free memory (the tuner then keeps its
-    first timings). Each operand's first call runs on the current stream, so what it builds goes
+    nbytes: what one call reads of its operand. most: raise RotationUnfit (before copying) where
+    more operands than that are needed, or where the copies and what each call builds of them (a
+    layout, a dense copy: nbytes) would take over half the device's free memory (the tuner then
+    keeps its first timings). Each operand's first call runs on the current stream, so what it builds goes
     back to that stream's memory pool, not the capture stream's."""
     import statistics
 
@@ -268,8 +268,8 @@ def rotated_replay(call: Callable[[object], object], operand, nbytes: float, *, 
     if most is not None:
         extra = (count - 1) * (operand.nbytes + nbytes)
         if count > most or extra > torch.cuda.mem_get_info()[0] / 2:
-            raise RotationUnfit(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their layouts): "
-                                f"over {most} or half the free memory")
+            raise RotationUnfit(f"rotation needs {count} weights ({extra / 2**20:.0f} MiB of copies and their "
+                                f"layouts): over {most} or half the free memory")
     graph = None
     try:  # whatever fails, nothing queued may still read a copy (or write the caller's output) after
         with torch.no_grad():  # (a trained weight's copies record no autograd history)

@@ -399,7 +399,8 @@ class Tuner:
             return
         except RuntimeError as e:  # a copy or a capture failed: the first times stand
             _warn_once(f"spartune: the rotated timing of {cands[pair[0]].backend} against dense failed "
-                       f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); the tuner ranks them by their first timings")
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                       "the tuner ranks them by their first timings")
             return
         _timed_again(rows, pair, seconds, fast)
 
